@@ -1,0 +1,55 @@
+from rlrun.v1 import sampling_pb2 as _sampling_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MemberRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMBER_ROLE_UNSPECIFIED: _ClassVar[MemberRole]
+    MEMBER_ROLE_TRAIN: _ClassVar[MemberRole]
+    MEMBER_ROLE_FIXED: _ClassVar[MemberRole]
+
+class EndpointKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENDPOINT_KIND_UNSPECIFIED: _ClassVar[EndpointKind]
+    ENDPOINT_KIND_INFERENCE: _ClassVar[EndpointKind]
+    ENDPOINT_KIND_RULE: _ClassVar[EndpointKind]
+MEMBER_ROLE_UNSPECIFIED: MemberRole
+MEMBER_ROLE_TRAIN: MemberRole
+MEMBER_ROLE_FIXED: MemberRole
+ENDPOINT_KIND_UNSPECIFIED: EndpointKind
+ENDPOINT_KIND_INFERENCE: EndpointKind
+ENDPOINT_KIND_RULE: EndpointKind
+
+class ModelEndpoint(_message.Message):
+    __slots__ = ("name", "kind", "addresses")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: EndpointKind
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlanTarget(_message.Message):
+    __slots__ = ("member_id", "role", "model", "sampling")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    role: MemberRole
+    model: ModelEndpoint
+    sampling: _sampling_pb2.SamplingParams
+    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[MemberRole, str]] = ..., model: _Optional[_Union[ModelEndpoint, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class GenerationPlan(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[PlanTarget]
+    def __init__(self, targets: _Optional[_Iterable[_Union[PlanTarget, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,92 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    D_TYPE_UNSPECIFIED: _ClassVar[DType]
+    D_TYPE_FLOAT32: _ClassVar[DType]
+    D_TYPE_FLOAT16: _ClassVar[DType]
+    D_TYPE_BFLOAT16: _ClassVar[DType]
+    D_TYPE_FLOAT64: _ClassVar[DType]
+    D_TYPE_INT64: _ClassVar[DType]
+    D_TYPE_INT32: _ClassVar[DType]
+
+class WeightTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_TRANSPORT_UNSPECIFIED: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_GRPC: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_NCCL: _ClassVar[WeightTransport]
+D_TYPE_UNSPECIFIED: DType
+D_TYPE_FLOAT32: DType
+D_TYPE_FLOAT16: DType
+D_TYPE_BFLOAT16: DType
+D_TYPE_FLOAT64: DType
+D_TYPE_INT64: DType
+D_TYPE_INT32: DType
+WEIGHT_TRANSPORT_UNSPECIFIED: WeightTransport
+WEIGHT_TRANSPORT_GRPC: WeightTransport
+WEIGHT_TRANSPORT_NCCL: WeightTransport
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NcclRendezvous(_message.Message):
+    __slots__ = ("host", "port", "world_size", "rank", "group_name")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    world_size: int
+    rank: int
+    group_name: str
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., group_name: _Optional[str] = ...) -> None: ...
+
+class WeightUpdateHeader(_message.Message):
+    __slots__ = ("version", "tensors", "total_bytes", "checksum", "transport", "nccl")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    NCCL_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    total_bytes: int
+    checksum: int
+    transport: WeightTransport
+    nccl: NcclRendezvous
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., nccl: _Optional[_Union[NcclRendezvous, _Mapping]] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("version", "index", "data")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    index: int
+    data: bytes
+    def __init__(self, version: _Optional[int] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WeightUpdateMessage(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: WeightUpdateHeader
+    chunk: WeightChunk
+    def __init__(self, header: _Optional[_Union[WeightUpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
