@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlrun.v1 import trace_pb2 as rlrun_dot_v1_dot_trace__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlrun/v1/training.proto\x12\x08rlrun.v1\x1a\x14rlrun/v1/trace.proto\"\x87\x01\n\x0eTrainingSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04mask\x18\x02 \x03(\x08\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x14\n\x0ctemperatures\x18\x04 \x03(\x02\x12,\n\x08\x63hannels\x18\x05 \x03(\x0b\x32\x1a.rlrun.v1.AdvantageChannel\"\xc7\x01\n\rTrainingBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12)\n\x07samples\x18\x03 \x03(\x0b\x32\x18.rlrun.v1.TrainingSample\x12\x35\n\x07metrics\x18\x04 \x03(\x0b\x32$.rlrun.v1.TrainingBatch.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlrun/v1/training.proto\x12\x08rlrun.v1\x1a\x14rlrun/v1/trace.proto\"\x87\x01\n\x0eTrainingSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04mask\x18\x02 \x03(\x08\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x14\n\x0ctemperatures\x18\x04 \x03(\x02\x12,\n\x08\x63hannels\x18\x05 \x03(\x0b\x32\x1a.rlrun.v1.AdvantageChannel\"\xf5\x01\n\rTrainingBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12)\n\x07samples\x18\x03 \x03(\x0b\x32\x18.rlrun.v1.TrainingSample\x12\x35\n\x07metrics\x18\x04 \x03(\x0b\x32$.rlrun.v1.TrainingBatch.MetricsEntry\x12\x1a\n\rlearning_rate\x18\x05 \x01(\x01H\x00\x88\x01\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_learning_rateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,7 +37,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAININGSAMPLE']._serialized_start=60
   _globals['_TRAININGSAMPLE']._serialized_end=195
   _globals['_TRAININGBATCH']._serialized_start=198
-  _globals['_TRAININGBATCH']._serialized_end=397
-  _globals['_TRAININGBATCH_METRICSENTRY']._serialized_start=351
-  _globals['_TRAININGBATCH_METRICSENTRY']._serialized_end=397
+  _globals['_TRAININGBATCH']._serialized_end=443
+  _globals['_TRAININGBATCH_METRICSENTRY']._serialized_start=379
+  _globals['_TRAININGBATCH_METRICSENTRY']._serialized_end=425
 # @@protoc_insertion_point(module_scope)

@@ -22,7 +22,7 @@ class TrainingSample(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., mask: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., temperatures: _Optional[_Iterable[float]] = ..., channels: _Optional[_Iterable[_Union[_trace_pb2.AdvantageChannel, _Mapping]]] = ...) -> None: ...
 
 class TrainingBatch(_message.Message):
-    __slots__ = ("step", "policy_version", "samples", "metrics")
+    __slots__ = ("step", "policy_version", "samples", "metrics", "learning_rate")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,8 +34,10 @@ class TrainingBatch(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     samples: _containers.RepeatedCompositeFieldContainer[TrainingSample]
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    learning_rate: float
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., learning_rate: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,65 @@
+"""[[orchestrator.train.env]]: one environment, its worker pool, or an external env-server."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlrun.common.config.base import Section
+from rlrun.common.config.sampling import SamplingOverrides
+
+
+class PoolConfig(Section):
+    type: Literal["static", "elastic"] = "static"
+    """`static`: a fixed number of worker processes. `elastic`: grows when in-flight work
+    reaches 90% of capacity and shrinks when idle. Default: static."""
+
+    num_workers: int = Field(1, ge=1)
+    """Worker processes of a static pool (the minimum of an elastic pool). Default: 1."""
+
+    max_workers: int = Field(4, ge=1)
+    """Most worker processes of an elastic pool. Default: 4."""
+
+    multiplex: int = Field(128, ge=1)
+    """Concurrent rollouts one worker runs (its capacity). Default: 128."""
+
+    idle_shrink_s: float = Field(30.0, gt=0)
+    """An elastic pool retires a worker idle for this long. Default: 30."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolConfig:
+        if self.type == "elastic" and self.max_workers < self.num_workers:
+            raise ValueError("pool.max_workers must be >= pool.num_workers")
+        return self
+
+
+class EnvConfig(Section):
+    id: str
+    """Environment id in the env registry, e.g. `reverse-text`. Required."""
+
+    name: str | None = None
+    """Name of this entry (logs, metrics); defaults to `id`. Must be unique."""
+
+    args: dict[str, Any] = {}
+    """Keyword arguments of the environment (e.g. `min_len`, `max_len`). Default: {}."""
+
+    ratio: float = Field(1.0, gt=0)
+    """Relative share of the groups this env gets. Default: 1."""
+
+    algorithms: list[str] | None = None
+    """Algorithms for this env's traces; unset means `orchestrator.algorithms`. Ids that are not
+    builtin resolve to the env's own algorithms (RunAlgorithms). Default: unset."""
+
+    sampling: SamplingOverrides = SamplingOverrides()
+    """Sampling overrides for this env. Default: none."""
+
+    pool: PoolConfig = PoolConfig()
+    """Worker pool of the env-server that runs this env. Default: static, 1 worker."""
+
+    address: str | None = None
+    """host:port of an external env-server for this env; then none is started. Default: unset."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.id

@@ -1,0 +1,40 @@
+"""[model]: which model every service builds, and its tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlrun.common.config.base import Section
+
+
+class ModelConfig(Section):
+    config: Path | None = Path("configs/models/tiny-d64.json")
+    """A transformers config JSON (Llama or Qwen3) for a model built locally with random init.
+    Ignored when `path` is set. Default: configs/models/tiny-d64.json."""
+
+    path: Path | None = None
+    """A local Hugging Face checkpoint directory (config.json + *.safetensors). Default: unset."""
+
+    tokenizer: Path | None = Path("configs/tokenizer/char.json")
+    """The tokenizer file (the in-repo character tokenizer), or unset to use the checkpoint's own
+    tokenizer from `path`. Default: configs/tokenizer/char.json."""
+
+    seed: int = 0
+    """Seed for random initialisation. Default: 0."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype. Default: float32."""
+
+    max_model_len: int = Field(64, gt=1)
+    """Context length in tokens (prompt + completion). Default: 64."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if self.config is None and self.path is None:
+            raise ValueError("set model.config (random init) or model.path (checkpoint)")
+        if self.tokenizer is None and self.path is None:
+            raise ValueError("model.tokenizer may be unset only when model.path names a checkpoint")
+        return self

@@ -1,0 +1,141 @@
+"""The whole run file: every service reads its own section of it."""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError, model_validator
+
+from rlrun.common.config.base import Section
+from rlrun.common.config.deprecations import ConfigError, translate_deprecated
+from rlrun.common.config.grpc import GrpcConfig
+from rlrun.common.config.inference import InferenceConfig
+from rlrun.common.config.model import ModelConfig
+from rlrun.common.config.orchestrator import OrchestratorConfig
+from rlrun.common.config.trainer import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+class RunConfig(Section):
+    name: str = "run"
+    """Run name (output folder, labels, metrics). Default: run."""
+
+    output_dir: Path | None = None
+    """Folder for logs, metrics, eval results, checkpoints and plots. Default: outputs/<name>."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of every service. Default: INFO."""
+
+    model: ModelConfig = ModelConfig()
+    """The model and tokenizer."""
+
+    inference: InferenceConfig = InferenceConfig()
+    """The inference service."""
+
+    trainer: TrainerConfig = TrainerConfig()
+    """The trainer service."""
+
+    orchestrator: OrchestratorConfig
+    """The orchestrator: tasks, environments, algorithms."""
+
+    grpc: GrpcConfig = GrpcConfig()
+    """Transport settings shared by all services."""
+
+    @model_validator(mode="after")
+    def _cross_sections(self) -> RunConfig:
+        if self.trainer.broadcast.transport == "nccl" and self.inference.engine != "vllm":
+            raise ValueError("trainer.broadcast.transport = 'nccl' needs inference.engine = 'vllm'")
+        longest = max(
+            [self.orchestrator.train.sampling.max_completion_tokens]
+            + [e.sampling.max_completion_tokens or 0 for e in self.orchestrator.train.env]
+        )
+        if longest >= self.model.max_model_len:
+            raise ValueError(
+                f"orchestrator.train.sampling.max_completion_tokens ({longest}) must be below "
+                f"model.max_model_len ({self.model.max_model_len})"
+            )
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.output_dir if self.output_dir is not None else Path("outputs") / self.name
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value); the value is read as TOML, else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError("", f"override {text!r} is not KEY=VALUE (e.g. orchestrator.max_steps=10)")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def apply_override(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    node: Any = raw
+    for i, part in enumerate(path[:-1]):
+        where = ".".join(path[: i + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(where, f"no list entry {part} (the list has {len(node)})")
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            raise ConfigError(where, "is not a table")
+    last = path[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(".".join(path), f"no list entry {last}")
+        node[int(last)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(".".join(path[:-1]), "is not a table")
+
+
+def _format_validation_error(error: ValidationError) -> ConfigError:
+    first = error.errors()[0]
+    path = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    extra = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return ConfigError(path, message + extra)
+
+
+def resolve_config(raw: dict[str, Any], overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:
+    """Validates a raw run table; returns the config and the deprecation warnings."""
+    warnings = translate_deprecated(raw)
+    for text in overrides:
+        path, value = parse_override(text)
+        apply_override(raw, path, value)
+    try:
+        return RunConfig.model_validate(raw), warnings
+    except ValidationError as error:
+        raise _format_validation_error(error) from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """Reads a run file, translates deprecated keys (one logged warning each), applies
+    `--set` overrides and validates. Raises ConfigError naming the key path at fault."""
+    config, _ = load_config_with_warnings(path, overrides)
+    return config
+
+
+def load_config_with_warnings(path: str | Path, overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("", f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError("", f"{path} is not valid TOML: {error}") from None
+    config, warnings = resolve_config(raw, overrides)
+    for warning in warnings:
+        log.warning("%s: %s", path, warning)
+    return config, warnings

@@ -1,0 +1,106 @@
+"""[trainer]: loss, optimizer, packing, checkpoints and weight broadcast."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlrun.common.config.base import Section
+
+
+class LossConfig(Section):
+    high: float = Field(0.2, ge=0)
+    """With A > 0, tokens where π − μ > high are masked (the side that would amplify). Default: 0.2."""
+
+    low: float = Field(0.2, ge=0)
+    """With A ≤ 0, tokens where π − μ < −low are masked. Default: 0.2."""
+
+    kl_coef: float = Field(1e-3, ge=0)
+    """Weight of the (log r)^2 penalty that keeps π near μ. Default: 1e-3."""
+
+
+class ScheduleConfig(Section):
+    kind: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warmup. Default: constant."""
+
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps from 0 to `trainer.lr`. Default: 0."""
+
+    total_steps: int | None = Field(None, gt=0)
+    """Steps over which linear/cosine decay to `min_lr_ratio`; unset means the run's total
+    (warm start plus orchestrator.max_steps). Default: unset."""
+
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final learning rate as a fraction of `trainer.lr`. Default: 0."""
+
+
+class CheckpointConfig(Section):
+    interval: int = Field(0, ge=0)
+    """Save every this many steps (0 = only at the end of the run). Default: 0."""
+
+    keep: int = Field(2, ge=1)
+    """Keep the newest this many checkpoints. Default: 2."""
+
+
+class BroadcastConfig(Section):
+    transport: Literal["grpc", "nccl"] = "grpc"
+    """How weights reach inference: gRPC chunk stream, or NCCL on GPU clusters. Default: grpc."""
+
+    chunk_mb: float = Field(4.0, gt=0, le=4.0)
+    """Chunk size of the weight stream in MiB (at most 4). Default: 4."""
+
+    retries: int = Field(3, ge=0)
+    """Retries per replica on UNAVAILABLE before it is reported down. Default: 3."""
+
+    timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one replica's update. Default: 120."""
+
+
+class TrainerConfig(Section):
+    address: str = ""
+    """gRPC host:port of the trainer (rank 0). Filled in by `rlrun local` and the operator.
+    Default: empty."""
+
+    device: str = "cpu"
+    """Torch device. Default: cpu."""
+
+    num_threads: int = Field(1, ge=1)
+    """torch intra-op threads per process. Default: 1."""
+
+    seed: int = 0
+    """Seed for the trainer's RNGs. Default: 0."""
+
+    lr: float = Field(1e-3, gt=0)
+    """Peak AdamW learning rate. Default: 1e-3."""
+
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay. Default: 0."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas. Default: [0.9, 0.999]."""
+
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping norm. Default: 1.0."""
+
+    schedule: ScheduleConfig = ScheduleConfig()
+    """Learning-rate schedule."""
+
+    grad_steps_per_batch: int = Field(1, ge=1)
+    """Optimizer steps per submitted batch (each over the whole batch). Default: 1."""
+
+    micro_batch_tokens: int = Field(4096, gt=0)
+    """Packing capacity: most tokens in one micro-batch (seq_len). Default: 4096."""
+
+    loss: LossConfig = LossConfig()
+    """The rl-channel loss settings."""
+
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoint cadence and retention."""
+
+    broadcast: BroadcastConfig = BroadcastConfig()
+    """Weight broadcast to inference replicas."""
+
+    parallel: Literal["auto", "fsdp", "ddp"] = "auto"
+    """Data parallelism when launched with several ranks: FSDP2 on GPU, DDP on CPU (auto).
+    Default: auto."""

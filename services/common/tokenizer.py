@@ -1,0 +1,158 @@
+"""Tokenizers with chat rendering that is concatenative: a conversation's tokens are the
+concatenation of its messages' tokens. Harnesses rely on that to extend earlier turns
+exactly, without ever re-rendering the past.
+
+Two kinds: the in-repo character tokenizer (configs/tokenizer/char.json, stable ids, no
+download) and the tokenizer of a local Hugging Face checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_token_id: int
+    pad_token_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def message_header(self, role: str) -> list[int]:
+        """Tokens that open a message of `role` (for assistant: the generation prompt)."""
+        ...
+
+    def render_message(self, role: str, content: str) -> list[int]:
+        """Header + content + end-of-message: one message's whole token delta."""
+        ...
+
+    @property
+    def stop_token_ids(self) -> list[int]: ...
+
+
+def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    ids: list[int] = []
+    for message in messages:
+        ids += tokenizer.render_message(message.role, message.content)
+    if add_generation_prompt:
+        ids += tokenizer.message_header("assistant")
+    return ids
+
+
+class CharTokenizer:
+    """One token per character of a fixed alphabet plus role and end specials.
+
+    The file lists specials then characters; ids are positions in that list, so they are
+    stable across runs and machines.
+    """
+
+    def __init__(self, specials: list[str], chars: list[str], unk: str = "?"):
+        self.specials = specials
+        self.chars = chars
+        self.id_to_token = specials + chars
+        self.token_to_id = {tok: i for i, tok in enumerate(self.id_to_token)}
+        if len(self.token_to_id) != len(self.id_to_token):
+            raise ValueError("tokenizer vocabulary has duplicate entries")
+        self.vocab_size = len(self.id_to_token)
+        self.pad_token_id = self.token_to_id["<pad>"]
+        self.eos_token_id = self.token_to_id["<|end|>"]
+        self._unk_id = self.token_to_id[unk]
+        self._special_ids = set(range(len(specials)))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> CharTokenizer:
+        spec = json.loads(Path(path).read_text())
+        if spec.get("type") != "char":
+            raise ValueError(f"{path}: expected a char tokenizer (type = 'char'), got {spec.get('type')!r}")
+        return cls(spec["specials"], spec["chars"], spec.get("unk", "?"))
+
+    def to_dict(self) -> dict:
+        return {"type": "char", "specials": self.specials, "chars": self.chars}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.token_to_id.get(ch, self._unk_id) for ch in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        out = []
+        for i in ids:
+            if skip_special_tokens and i in self._special_ids:
+                continue
+            out.append(self.id_to_token[i] if 0 <= i < self.vocab_size else "")
+        return "".join(out)
+
+    def message_header(self, role: str) -> list[int]:
+        if role not in ROLES:
+            raise ValueError(f"unknown chat role {role!r}; expected one of {ROLES}")
+        return [self.token_to_id[f"<|{role}|>"]]
+
+    def render_message(self, role: str, content: str) -> list[int]:
+        return self.message_header(role) + self.encode(content) + [self.eos_token_id]
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [self.eos_token_id]
+
+
+class HFTokenizer:
+    """A local checkpoint's tokenizer, rendered one message at a time with its chat template."""
+
+    def __init__(self, path: str | Path):
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.vocab_size = len(self._tok)
+        self.eos_token_id = self._tok.eos_token_id
+        self.pad_token_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_token_id
+        self._header_cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        out = self._tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    def message_header(self, role: str) -> list[int]:
+        if role != "assistant":
+            raise ValueError("HF chat templates only expose the assistant header (the generation prompt)")
+        if role not in self._header_cache:
+            with_prompt = self._template([{"role": "user", "content": "x"}], True)
+            without = self._template([{"role": "user", "content": "x"}], False)
+            self._header_cache[role] = with_prompt[len(without):]
+        return self._header_cache[role]
+
+    def render_message(self, role: str, content: str) -> list[int]:
+        return self._template([{"role": role, "content": content}], False)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [self.eos_token_id]
+
+
+def load_tokenizer(tokenizer_path: str | Path | None, checkpoint_dir: str | Path | None = None) -> Tokenizer:
+    """The char tokenizer file when given, else the checkpoint directory's own tokenizer."""
+    if tokenizer_path is not None:
+        path = Path(tokenizer_path)
+        if not path.exists():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        return CharTokenizer.from_file(path)
+    if checkpoint_dir is None:
+        raise ValueError("no tokenizer: set model.tokenizer or model.path")
+    return HFTokenizer(checkpoint_dir)
