@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlrun.v1 import training_pb2 as rlrun_dot_v1_dot_training__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/trainer.proto\x12\x08rlrun.v1\x1a\x17rlrun/v1/training.proto\"<\n\x12SubmitBatchRequest\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x17.rlrun.v1.TrainingBatch\"]\n\x0f\x42roadcastResult\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"\xfd\x01\n\x13SubmitBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x12\x13\n\x0bskip_reason\x18\x04 \x01(\t\x12;\n\x07metrics\x18\x05 \x03(\x0b\x32*.rlrun.v1.SubmitBatchResponse.MetricsEntry\x12-\n\nbroadcasts\x18\x06 \x03(\x0b\x32\x19.rlrun.v1.BroadcastResult\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17GetTrainerStatusRequest\"\xec\x01\n\x18GetTrainerStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x17\n\x0flast_checkpoint\x18\x04 \x01(\t\x12I\n\x0clast_metrics\x18\x05 \x03(\x0b\x32\x33.rlrun.v1.GetTrainerStatusResponse.LastMetricsEntry\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\",\n\x15SaveCheckpointRequest\x12\x13\n\x0b\x65xtra_state\x18\x01 \x01(\x0c\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x32\x85\x02\n\x0eTrainerService\x12J\n\x0bSubmitBatch\x12\x1c.rlrun.v1.SubmitBatchRequest\x1a\x1d.rlrun.v1.SubmitBatchResponse\x12R\n\tGetStatus\x12!.rlrun.v1.GetTrainerStatusRequest\x1a\".rlrun.v1.GetTrainerStatusResponse\x12S\n\x0eSaveCheckpoint\x12\x1f.rlrun.v1.SaveCheckpointRequest\x1a .rlrun.v1.SaveCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/trainer.proto\x12\x08rlrun.v1\x1a\x17rlrun/v1/training.proto\"<\n\x12SubmitBatchRequest\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x17.rlrun.v1.TrainingBatch\"]\n\x0f\x42roadcastResult\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"\xfd\x01\n\x13SubmitBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x12\x13\n\x0bskip_reason\x18\x04 \x01(\t\x12;\n\x07metrics\x18\x05 \x03(\x0b\x32*.rlrun.v1.SubmitBatchResponse.MetricsEntry\x12-\n\nbroadcasts\x18\x06 \x03(\x0b\x32\x19.rlrun.v1.BroadcastResult\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17GetTrainerStatusRequest\"\x82\x02\n\x18GetTrainerStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x17\n\x0flast_checkpoint\x18\x04 \x01(\t\x12I\n\x0clast_metrics\x18\x05 \x03(\x0b\x32\x33.rlrun.v1.GetTrainerStatusResponse.LastMetricsEntry\x12\x14\n\x0cresume_state\x18\x06 \x01(\x0c\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\",\n\x15SaveCheckpointRequest\x12\x13\n\x0b\x65xtra_state\x18\x01 \x01(\x0c\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x32\x85\x02\n\x0eTrainerService\x12J\n\x0bSubmitBatch\x12\x1c.rlrun.v1.SubmitBatchRequest\x1a\x1d.rlrun.v1.SubmitBatchResponse\x12R\n\tGetStatus\x12!.rlrun.v1.GetTrainerStatusRequest\x1a\".rlrun.v1.GetTrainerStatusResponse\x12S\n\x0eSaveCheckpoint\x12\x1f.rlrun.v1.SaveCheckpointRequest\x1a .rlrun.v1.SaveCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,13 +47,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTRAINERSTATUSREQUEST']._serialized_start=474
   _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=499
   _globals['_GETTRAINERSTATUSRESPONSE']._serialized_start=502
-  _globals['_GETTRAINERSTATUSRESPONSE']._serialized_end=738
-  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=688
-  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=738
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=740
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=784
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=786
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=838
-  _globals['_TRAINERSERVICE']._serialized_start=841
-  _globals['_TRAINERSERVICE']._serialized_end=1102
+  _globals['_GETTRAINERSTATUSRESPONSE']._serialized_end=760
+  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=710
+  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=760
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=762
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=806
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=808
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=860
+  _globals['_TRAINERSERVICE']._serialized_start=863
+  _globals['_TRAINERSERVICE']._serialized_end=1124
 # @@protoc_insertion_point(module_scope)

@@ -55,7 +55,7 @@ class GetTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetTrainerStatusResponse(_message.Message):
-    __slots__ = ("step", "policy_version", "world_size", "last_checkpoint", "last_metrics")
+    __slots__ = ("step", "policy_version", "world_size", "last_checkpoint", "last_metrics", "resume_state")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,12 +68,14 @@ class GetTrainerStatusResponse(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     LAST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     LAST_METRICS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STATE_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     world_size: int
     last_checkpoint: str
     last_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., world_size: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    resume_state: bytes
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., world_size: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., resume_state: _Optional[bytes] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("extra_state",)

@@ -1,0 +1,140 @@
+"""The weight-broadcast stream shared by the trainer (sender) and inference (receiver):
+one WeightUpdateHeader, then the tensors' bytes concatenated in header order, cut into
+WeightChunks of at most 4 MiB, guarded by total_bytes and a crc32 checksum."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from rlrun.common.types import WireError
+from rlrun.v1 import weights_pb2
+
+MAX_CHUNK_BYTES = 4 * 2**20
+
+TORCH_TO_PB = {
+    torch.float32: weights_pb2.D_TYPE_FLOAT32,
+    torch.float16: weights_pb2.D_TYPE_FLOAT16,
+    torch.bfloat16: weights_pb2.D_TYPE_BFLOAT16,
+    torch.float64: weights_pb2.D_TYPE_FLOAT64,
+    torch.int64: weights_pb2.D_TYPE_INT64,
+    torch.int32: weights_pb2.D_TYPE_INT32,
+}
+PB_TO_TORCH = {v: k for k, v in TORCH_TO_PB.items()}
+
+
+def broadcast_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a weight update carries, by Hugging Face name (a tied lm_head is implied)."""
+    state = model.state_dict()
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return memoryview(t.numpy()).cast("B")
+
+
+def build_header(tensors: dict[str, torch.Tensor], version: int) -> tuple[weights_pb2.WeightUpdateHeader, list[memoryview]]:
+    buffers = [_as_bytes(t) for t in tensors.values()]
+    checksum = 0
+    for buf in buffers:
+        checksum = zlib.crc32(buf, checksum)
+    header = weights_pb2.WeightUpdateHeader(
+        version=version,
+        tensors=[weights_pb2.TensorSpec(name=n, dtype=TORCH_TO_PB[t.dtype], shape=list(t.shape)) for n, t in tensors.items()],
+        total_bytes=sum(len(b) for b in buffers),
+        checksum=checksum,
+        transport=weights_pb2.WEIGHT_TRANSPORT_GRPC,
+    )
+    return header, buffers
+
+
+def iter_update_messages(tensors: dict[str, torch.Tensor], version: int,
+                         chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterator[weights_pb2.WeightUpdateMessage]:
+    """Header first, then chunks of at most `chunk_bytes` (capped at 4 MiB)."""
+    chunk_bytes = min(chunk_bytes, MAX_CHUNK_BYTES)
+    header, buffers = build_header(tensors, version)
+    yield weights_pb2.WeightUpdateMessage(header=header)
+    pending = bytearray()
+    index = 0
+    for buf in buffers:
+        offset = 0
+        while offset < len(buf):
+            take = min(chunk_bytes - len(pending), len(buf) - offset)
+            pending += buf[offset:offset + take]
+            offset += take
+            if len(pending) == chunk_bytes:
+                yield weights_pb2.WeightUpdateMessage(chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending)))
+                index += 1
+                pending.clear()
+    if pending:
+        yield weights_pb2.WeightUpdateMessage(chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending)))
+
+
+class WeightAssembler:
+    """Receives one update against the receiver's own tensors; every check fails with
+    WireError before anything is applied."""
+
+    def __init__(self, header: weights_pb2.WeightUpdateHeader, expected: dict[str, torch.Tensor]):
+        names = [spec.name for spec in header.tensors]
+        if len(set(names)) != len(names):
+            raise WireError("header.tensors", "header.tensors has duplicate names")
+        missing = sorted(set(expected) - set(names))
+        unknown = sorted(set(names) - set(expected))
+        if missing or unknown:
+            raise WireError("header.tensors", f"header.tensors does not match the model: missing {missing[:5]}, unknown {unknown[:5]}")
+        size = 0
+        for i, spec in enumerate(header.tensors):
+            target = expected[spec.name]
+            dtype = PB_TO_TORCH.get(spec.dtype)
+            if dtype != target.dtype:
+                raise WireError(f"header.tensors[{i}].dtype", f"header.tensors[{i}] ({spec.name}) has dtype {dtype}, the model has {target.dtype}")
+            if tuple(spec.shape) != tuple(target.shape):
+                raise WireError(f"header.tensors[{i}].shape", f"header.tensors[{i}] ({spec.name}) has shape {tuple(spec.shape)}, the model has {tuple(target.shape)}")
+            size += target.numel() * target.element_size()
+        if header.total_bytes != size:
+            raise WireError("header.total_bytes", f"header.total_bytes is {header.total_bytes} but the tensors need {size}")
+        self.header = header
+        self.buffer = bytearray(size)
+        self.received = 0
+        self.next_index = 0
+
+    def add(self, chunk: weights_pb2.WeightChunk) -> None:
+        if chunk.version != self.header.version:
+            raise WireError("chunk.version", f"chunk {chunk.index} is for version {chunk.version}, the header announced {self.header.version}")
+        if chunk.index != self.next_index:
+            raise WireError("chunk.index", f"chunk.index is {chunk.index}, expected {self.next_index}")
+        if len(chunk.data) > MAX_CHUNK_BYTES:
+            raise WireError("chunk.data", f"chunk {chunk.index} has {len(chunk.data)} bytes, more than 4 MiB")
+        end = self.received + len(chunk.data)
+        if end > len(self.buffer):
+            raise WireError("chunk.data", f"chunks carry more than header.total_bytes ({len(self.buffer)})")
+        self.buffer[self.received:end] = chunk.data
+        self.received = end
+        self.next_index += 1
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """The received tensors, after the length and checksum checks."""
+        if self.received != len(self.buffer):
+            raise WireError("chunks", f"stream ended after {self.received} of {len(self.buffer)} bytes")
+        checksum = zlib.crc32(self.buffer)
+        if checksum != self.header.checksum:
+            raise WireError("header.checksum", f"checksum mismatch: header {self.header.checksum}, data {checksum}")
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        raw = np.frombuffer(self.buffer, dtype=np.uint8)
+        for spec in self.header.tensors:
+            dtype = PB_TO_TORCH[spec.dtype]
+            count = int(np.prod(spec.shape)) if len(spec.shape) else 1
+            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            piece = torch.from_numpy(raw[offset:offset + nbytes].copy())
+            out[spec.name] = piece.view(dtype).reshape(tuple(spec.shape))
+            offset += nbytes
+        return out

@@ -1,0 +1,89 @@
+"""The process shell every `rlrun serve <service>` shares: logging, thread limits, the
+metrics endpoint, the gRPC server with health and reflection, the ready line, and a
+graceful SIGTERM. Services supply only `setup`, which registers their servicers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlrun.common.config import RunConfig
+from rlrun.common.grpc_server import GrpcServer, ServerOptions, announce_ready
+from rlrun.common.logs import setup_logging
+from rlrun.common.metrics import start_metrics_server
+
+Cleanup = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    config: RunConfig
+    args: argparse.Namespace
+    server: GrpcServer
+    log: logging.Logger
+    log_dir: Path
+    serving_on_start: bool = True
+    """Set False in setup to keep health NOT_SERVING until the service calls server.set_serving(True)."""
+    background: list[asyncio.Task] = field(default_factory=list)
+    """Tasks cancelled on shutdown."""
+
+
+def limit_threads(num_threads: int) -> None:
+    """One thread per service on small machines: oversubscription costs 10-50x."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(num_threads)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(num_threads)
+    if torch.get_num_interop_threads() != 1:
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set once in this process
+            pass
+
+
+def log_dir_for(config: RunConfig, args: argparse.Namespace) -> Path:
+    return Path(args.log_dir) if getattr(args, "log_dir", None) else config.run_dir / "logs"
+
+
+async def _serve(name: str, config: RunConfig, args: argparse.Namespace, service_names: list[str],
+                 setup: Callable[[ServiceContext], Awaitable[Cleanup | None]]) -> int:
+    log_dir = log_dir_for(config, args)
+    log = setup_logging(name, log_dir / f"{name}.log", config.log_level)
+    server = GrpcServer(ServerOptions.from_config(config.grpc, args.host, args.port), service_names)
+    ctx = ServiceContext(name=name, config=config, args=args, server=server, log=log, log_dir=log_dir)
+    if getattr(args, "metrics_port", None) is not None:
+        port = start_metrics_server(args.metrics_port, args.host)
+        log.info("metrics on http://%s:%d/metrics", args.host, port)
+    cleanup = await setup(ctx)
+    port = await server.start()
+    if ctx.serving_on_start:
+        server.set_serving(True)
+    server.install_signal_handlers()
+    announce_ready(name, args.host, port)
+    log.info("%s listening on %s:%d", name, args.host, port)
+    try:
+        await server.wait_for_termination()
+    finally:
+        for task in ctx.background:
+            task.cancel()
+        await asyncio.gather(*ctx.background, return_exceptions=True)
+        if cleanup is not None:
+            await cleanup()
+        log.info("%s stopped", name)
+    return 0
+
+
+def serve_main(name: str, config: RunConfig, args: argparse.Namespace, service_names: list[str],
+               setup: Callable[[ServiceContext], Awaitable[Cleanup | None]], num_threads: int = 1) -> int:
+    """Runs a service until SIGTERM; returns the process exit code."""
+    limit_threads(num_threads)
+    return asyncio.run(_serve(name, config, args, service_names, setup))
