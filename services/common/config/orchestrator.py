@@ -198,10 +198,10 @@ class OrchestratorConfig(Section):
     """Held-out evaluation."""
 
     models: dict[str, ModelTargetConfig] = {}
-    """Extra model targets (reference, opponent, judge, ...), keyed by name."""
+    """Extra model targets (reference, opponent, judge, ...), keyed by name. Default: none."""
 
     members: list[MemberConfig] = []
-    """Multi-agent members; empty for single-agent runs."""
+    """Multi-agent members; empty for single-agent runs. Default: none."""
 
     multi_agent: MultiAgentConfig = MultiAgentConfig()
     """Multi-agent credit options."""

@@ -1,0 +1,177 @@
+"""Config: defaults, deprecated spellings (one warning each), conflicts, overrides, shipped configs."""
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rlrun.cli import main as cli_main
+from rlrun.common.config import ConfigError, RunConfig, load_config, load_config_with_warnings, resolve_config
+
+REPO = Path(__file__).resolve().parents[3]
+MINIMAL = {"orchestrator": {"train": {"env": [{"id": "reverse-text"}]}}}
+
+
+def test_defaults_of_a_minimal_config():
+    config, warnings = resolve_config(copy.deepcopy(MINIMAL))
+    assert warnings == []
+    assert config.model.config == Path("configs/models/tiny-d64.json")
+    assert config.orchestrator.max_off_policy_steps == 1
+    assert config.orchestrator.algorithms == ["grpo"]
+    assert config.orchestrator.actor == "policy"
+    assert config.orchestrator.train.sampling.max_completion_tokens == 16
+    assert config.orchestrator.train.env[0].pool.type == "static"
+    assert config.inference.engine == "torch"
+    assert config.trainer.loss.high == 0.2 and config.trainer.loss.kl_coef == 1e-3
+    assert config.run_dir == Path("outputs/run")
+    assert config.orchestrator.inflight_groups == 32
+
+
+def test_every_field_is_documented():
+    def walk(model_cls, path):
+        for name, field in model_cls.model_fields.items():
+            assert field.description, f"{path}{name} has no docstring"
+            assert "Default" in field.description or field.is_required() or hasattr(field.annotation, "model_fields"), \
+                f"{path}{name} does not state its default"
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann, f"{path}{name}.")
+    walk(RunConfig, "")
+
+
+OLD_STYLE = """
+[orchestrator.sampling]
+temperature = 0.5
+max_tokens = 9
+
+[[orchestrator.env]]
+id = "reverse-text"
+num_workers = 3
+sampling = { max_tokens = 7 }
+"""
+NEW_STYLE = """
+[orchestrator.train.sampling]
+temperature = 0.5
+max_completion_tokens = 9
+
+[[orchestrator.train.env]]
+id = "reverse-text"
+pool = { type = "static", num_workers = 3 }
+sampling = { max_completion_tokens = 7 }
+"""
+
+
+def test_deprecated_spellings_resolve_to_the_same_values_with_one_warning_each():
+    old, warnings = resolve_config(tomllib.loads(OLD_STYLE))
+    new, none = resolve_config(tomllib.loads(NEW_STYLE))
+    assert old == new and none == []
+    assert sorted(warnings) == sorted([
+        "orchestrator.sampling is deprecated; use orchestrator.train.sampling",
+        "orchestrator.env is deprecated; use orchestrator.train.env",
+        "orchestrator.train.sampling.max_tokens is deprecated; use orchestrator.train.sampling.max_completion_tokens",
+        "orchestrator.train.env.0.sampling.max_tokens is deprecated; use orchestrator.train.env.0.sampling.max_completion_tokens",
+        'orchestrator.train.env.0.num_workers is deprecated; use orchestrator.train.env.0.pool = {type = "static", num_workers = N}',
+    ])
+
+
+def test_shipped_config_with_old_keys_matches_the_original(tmp_path):
+    text = (REPO / "configs/reverse_text.toml").read_text()
+    old = text.replace("[orchestrator.train.sampling]", "[orchestrator.sampling]").replace("max_completion_tokens", "max_tokens")
+    path = tmp_path / "old.toml"
+    path.write_text(old)
+    config, warnings = load_config_with_warnings(path)
+    assert config == load_config(REPO / "configs/reverse_text.toml")
+    assert len(warnings) == 2
+    assert any("orchestrator.sampling is deprecated" in w for w in warnings)
+    assert any("max_tokens is deprecated" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    "text, path",
+    [
+        ("[orchestrator.sampling]\n[orchestrator.train.sampling]\n[[orchestrator.train.env]]\nid='x'", "orchestrator.sampling"),
+        ("[[orchestrator.train.env]]\nid='x'\nnum_workers=2\npool={type='static'}", "orchestrator.train.env.0.num_workers"),
+        ("[orchestrator.train.sampling]\nmax_tokens=3\nmax_completion_tokens=4\n[[orchestrator.train.env]]\nid='x'",
+         "orchestrator.train.sampling.max_tokens"),
+        ("[[orchestrator.env]]\nid='x'\n[[orchestrator.train.env]]\nid='y'", "orchestrator.env"),
+    ],
+)
+def test_old_and_new_spelling_together_is_an_error(text, path):
+    with pytest.raises(ConfigError) as error:
+        resolve_config(tomllib.loads(text))
+    assert error.value.path == path
+
+
+@pytest.mark.parametrize(
+    "patch, path",
+    [
+        ({"orchestrator": {"max_steps": 0}}, "orchestrator.max_steps"),
+        ({"orchestrator": {"train": {"env": [{"id": "a", "ratio": -1}]}}}, "orchestrator.train.env.0.ratio"),
+        ({"orchestrator": {"actor": "teacher"}}, "orchestrator"),
+        ({"orchestrator": {"eval": {"pass_k": 4}}}, "orchestrator.eval"),
+        ({"trainer": {"broadcast": {"transport": "nccl"}}}, ""),
+        ({"trainer": {"lr": "fast"}}, "trainer.lr"),
+        ({"trainer": {"lrr": 1}}, "trainer.lrr"),
+        ({"model": {"max_model_len": 8}}, ""),
+        ({"orchestrator": {"members": [{"id": "a", "role": "fixed"}]}}, "orchestrator"),
+        ({"orchestrator": {"members": [{"id": "a", "role": "train", "model": "judge"}]}}, "orchestrator"),
+        ({"grpc": {"tls": {"cert": "c.pem"}}}, "grpc.tls"),
+    ],
+)
+def test_incompatible_combinations_name_the_key(patch, path):
+    raw = copy.deepcopy(MINIMAL)
+
+    def merge(dst, src):
+        for k, v in src.items():
+            if isinstance(v, dict) and isinstance(dst.get(k), dict):
+                merge(dst[k], v)
+            else:
+                dst[k] = v
+    merge(raw, patch)
+    with pytest.raises(ConfigError) as error:
+        resolve_config(raw)
+    assert error.value.path == path
+    if path:
+        assert str(error.value).startswith(f"{path}: ")
+
+
+def test_cli_overrides():
+    config, _ = resolve_config(copy.deepcopy(MINIMAL), [
+        "orchestrator.train.sampling.temperature=0.7",
+        "orchestrator.train.env.0.address=\"127.0.0.1:5000\"",
+        "inference.addresses=[\"a:1\", \"b:2\"]",
+        "name=plain-string",
+    ])
+    assert config.orchestrator.train.sampling.temperature == 0.7
+    assert config.orchestrator.train.env[0].address == "127.0.0.1:5000"
+    assert config.inference.addresses == ["a:1", "b:2"]
+    assert config.name == "plain-string"
+    with pytest.raises(ConfigError, match="no list entry 3"):
+        resolve_config(copy.deepcopy(MINIMAL), ["orchestrator.train.env.3.address=x"])
+    with pytest.raises(ConfigError, match="not KEY=VALUE"):
+        resolve_config(copy.deepcopy(MINIMAL), ["orchestrator.max_steps"])
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_parses(path):
+    config, warnings = load_config_with_warnings(path)
+    assert warnings == []
+    assert config.model.config is None or (REPO / config.model.config).exists()
+
+
+def test_check_config_prints_resolved_json(capsys):
+    assert cli_main(["check-config", str(REPO / "configs/reverse_text.toml"), "--set", "orchestrator.max_steps=7"]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["orchestrator"]["max_steps"] == 7
+    assert resolved["orchestrator"]["train"]["sampling"]["max_completion_tokens"] == 12
+
+
+def test_check_config_exits_2_naming_the_key(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[orchestrator]\nmax_off_policy_steps = -1\n[[orchestrator.train.env]]\nid = 'reverse-text'\n")
+    assert cli_main(["check-config", str(bad)]) == 2
+    assert "orchestrator.max_off_policy_steps" in capsys.readouterr().err
+    assert cli_main(["check-config", str(tmp_path / "missing.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err

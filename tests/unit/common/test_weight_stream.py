@@ -1,0 +1,83 @@
+"""The weight-broadcast stream: chunking, and every check the receiver makes before applying."""
+
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlrun.common.config import ModelConfig
+from rlrun.common.model import build_model
+from rlrun.common.model.weights import MAX_CHUNK_BYTES, WeightAssembler, broadcast_tensors, iter_update_messages
+from rlrun.common.types import WireError
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def model(seed=0, config="tiny-d64.json"):
+    return build_model(ModelConfig(config=REPO / "configs/models" / config, seed=seed))
+
+
+def receive(messages, expected):
+    messages = list(messages)
+    assembler = WeightAssembler(messages[0].header, expected)
+    for m in messages[1:]:
+        assembler.add(m.chunk)
+    return assembler.finish()
+
+
+@pytest.mark.parametrize("chunk", [MAX_CHUNK_BYTES, 1000, 4096 * 3 + 7])
+def test_round_trip_with_any_chunk_size(chunk):
+    sender, receiver = model(1), model(2)
+    messages = list(iter_update_messages(broadcast_tensors(sender), version=5, chunk_bytes=chunk))
+    assert messages[0].WhichOneof("payload") == "header" and messages[0].header.version == 5
+    assert all(len(m.chunk.data) <= min(chunk, MAX_CHUNK_BYTES) for m in messages[1:])
+    assert [m.chunk.index for m in messages[1:]] == list(range(len(messages) - 1))
+    received = receive(messages, broadcast_tensors(receiver))
+    for name, tensor in broadcast_tensors(sender).items():
+        assert torch.equal(received[name], tensor), name
+
+
+def test_tied_embeddings_send_one_tensor():
+    tied = model(config="tiny-d128.json")
+    assert "lm_head.weight" not in broadcast_tensors(tied)
+    assert "lm_head.weight" in broadcast_tensors(model())
+
+
+def test_bfloat16_survives():
+    tensors = {"w": torch.randn(3, 5).to(torch.bfloat16)}
+    out = receive(iter_update_messages(tensors, 1), {"w": torch.zeros(3, 5, dtype=torch.bfloat16)})
+    assert torch.equal(out["w"], tensors["w"])
+
+
+def test_receiver_rejects_mismatches():
+    tensors = broadcast_tensors(model(1))
+    header = next(iter_update_messages(tensors, 1)).header
+    wrong_shape = {**tensors, "lm_head.weight": torch.zeros(3, 3)}
+    with pytest.raises(WireError, match="has shape"):
+        WeightAssembler(header, wrong_shape)
+    wrong_dtype = {**tensors, "lm_head.weight": tensors["lm_head.weight"].double()}
+    with pytest.raises(WireError, match="has dtype"):
+        WeightAssembler(header, wrong_dtype)
+    extra = {**tensors, "extra.weight": torch.zeros(1)}
+    with pytest.raises(WireError, match="missing"):
+        WeightAssembler(header, extra)
+    header.total_bytes += 4
+    with pytest.raises(WireError) as error:
+        WeightAssembler(header, tensors)
+    assert error.value.field == "header.total_bytes"
+
+
+def test_receiver_rejects_broken_streams():
+    tensors = broadcast_tensors(model(1))
+    messages = list(iter_update_messages(tensors, 3, chunk_bytes=100_000))
+    assert messages[0].header.checksum == zlib.crc32(b"".join(m.chunk.data for m in messages[1:]))
+    with pytest.raises(WireError, match="stream ended"):
+        receive(messages[:-1], tensors)
+    corrupted = list(iter_update_messages(tensors, 3, chunk_bytes=100_000))
+    corrupted[2].chunk.data = bytes(len(corrupted[2].chunk.data))
+    with pytest.raises(WireError, match="checksum"):
+        receive(corrupted, tensors)
+    out_of_order = [messages[0], messages[2], messages[1], *messages[3:]]
+    with pytest.raises(WireError, match="expected 0"):
+        receive(out_of_order, tensors)
