@@ -17,11 +17,17 @@ SERVICES = {
     "trainer": "rlrun.trainer.cli",
 }
 BENCHMARKS = {
-    "inference": ("rlrun.bench.inference", "torch engine vs a raw batched decode loop and sequential generate"),
+    "inference": (
+        "rlrun.bench.inference",
+        "torch engine vs a raw batched decode loop and sequential generate",
+    ),
     "env-server": ("rlrun.bench.env_server", "env-server overhead per rollout vs calling inference directly"),
     "trainer": ("rlrun.bench.trainer", "trainer step vs a bare torch loop; broadcast vs a raw gRPC stream"),
     "orchestrator": ("rlrun.bench.orchestrator", "traces/s through algorithms, flattening and batching"),
-    "async": ("rlrun.bench.async_overlap", "async (max_off_policy_steps=1) vs sync step time, against the bound"),
+    "async": (
+        "rlrun.bench.async_overlap",
+        "async (max_off_policy_steps=1) vs sync step time, against the bound",
+    ),
 }
 
 
@@ -31,7 +37,11 @@ def _add_config_args(parser: argparse.ArgumentParser, positional: bool) -> None:
     else:
         parser.add_argument("--config", type=Path, required=True, help="run file (TOML)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key, e.g. --set orchestrator.train.sampling.temperature=0.7 (repeatable)",
     )
 
@@ -41,7 +51,9 @@ def _load_module(name: str, what: str):
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
         if error.name and name.startswith(error.name):
-            raise SystemExit(f"rlrun: {what} is not available in this installation ({name} is missing)") from None
+            raise SystemExit(
+                f"rlrun: {what} is not available in this installation ({name} is missing)"
+            ) from None
         raise
 
 
@@ -52,47 +64,73 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    local = sub.add_parser("local", help="run the whole loop on this machine (all services as local processes)",
-                           description="Start inference, env-server(s), trainer and orchestrator as local processes "
-                           "on loopback, run the configured warm start and RL steps, and write logs, metrics, eval "
-                           "results, checkpoints and a reward plot to the output folder. The last output line is JSON.")
+    local = sub.add_parser(
+        "local",
+        help="run the whole loop on this machine (all services as local processes)",
+        description="Start inference, env-server(s), trainer and orchestrator as local processes "
+        "on loopback, run the configured warm start and RL steps, and write logs, metrics, eval "
+        "results, checkpoints and a reward plot to the output folder. The last output line is JSON.",
+    )
     _add_config_args(local, positional=True)
     local.add_argument("--output-dir", type=Path, help="output folder (default: outputs/<name>)")
     local.add_argument("--max-steps", type=int, help="RL steps (overrides orchestrator.max_steps)")
     local.add_argument("--no-progress", action="store_true", help="no progress bar (log lines instead)")
 
-    serve = sub.add_parser("serve", help="run one service", description="Run one rlrun service. When ready it prints "
-                           "exactly one line, `rlrun <service> listening on HOST:PORT`, then serves until SIGTERM.")
+    serve = sub.add_parser(
+        "serve",
+        help="run one service",
+        description="Run one rlrun service. When ready it prints "
+        "exactly one line, `rlrun <service> listening on HOST:PORT`, then serves until SIGTERM.",
+    )
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
     for name, module in SERVICES.items():
         p = services.add_parser(name, help=f"run the {name} service")
         _add_config_args(p, positional=False)
         p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
         p.add_argument("--port", type=int, default=0, help="gRPC port; 0 = OS-assigned (default: 0)")
-        p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port; 0 = OS-assigned (default: off)")
-        p.add_argument("--log-dir", type=Path, default=None, help="folder for the service log file (default: <output_dir>/logs)")
+        p.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="Prometheus /metrics port; 0 = OS-assigned (default: off)",
+        )
+        p.add_argument(
+            "--log-dir",
+            type=Path,
+            default=None,
+            help="folder for the service log file (default: <output_dir>/logs)",
+        )
         p.set_defaults(service_module=module)
         try:
             importlib.import_module(module).add_arguments(p)
         except ModuleNotFoundError:
             p.set_defaults(service_missing=True)
 
-    check = sub.add_parser("check-config", help="validate a run file and print the resolved config as JSON",
-                           description="Validate a run file (translating deprecated keys, with one warning each) and "
-                           "print the resolved config as JSON. Exits 2 with the offending key path on error.")
+    check = sub.add_parser(
+        "check-config",
+        help="validate a run file and print the resolved config as JSON",
+        description="Validate a run file (translating deprecated keys, with one warning each) and "
+        "print the resolved config as JSON. Exits 2 with the offending key path on error.",
+    )
     _add_config_args(check, positional=True)
 
-    op = sub.add_parser("operator", help="run the Kubernetes operator (kopf) for RLRun resources",
-                        description="Run the kopf operator that reconciles RLRun custom resources.")
+    op = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (kopf) for RLRun resources",
+        description="Run the kopf operator that reconciles RLRun custom resources.",
+    )
     try:
         importlib.import_module("rlrun.operator.cli").add_arguments(op)
     except ModuleNotFoundError:
         op.set_defaults(operator_missing=True)
 
-    bench = sub.add_parser("bench", help="run a benchmark; the last output line is JSON",
-                           description="Run a benchmark. Each prints a ratio against a baseline measured in the same "
-                           "run and ends with one JSON line. Benchmarks: "
-                           + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark; the last output line is JSON",
+        description="Run a benchmark. Each prints a ratio against a baseline measured in the same "
+        "run and ends with one JSON line. Benchmarks: "
+        + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()),
+    )
     bench.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (for smoke tests)")
     bench.add_argument("--output", type=Path, help="also write the JSON result to this file")
@@ -136,7 +174,9 @@ def _local(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     launcher = _load_module("rlrun.local.launcher", "`rlrun local`")
-    return launcher.run_local(config, config_path=args.config, overrides=overrides, progress=not args.no_progress)
+    return launcher.run_local(
+        config, config_path=args.config, overrides=overrides, progress=not args.no_progress
+    )
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -152,7 +192,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"check-config": _check_config, "serve": _serve, "local": _local, "operator": _operator, "bench": _bench}
+    handlers = {
+        "check-config": _check_config,
+        "serve": _serve,
+        "local": _local,
+        "operator": _operator,
+        "bench": _bench,
+    }
     return handlers[args.command](args)
 
 

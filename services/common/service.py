@@ -54,8 +54,13 @@ def log_dir_for(config: RunConfig, args: argparse.Namespace) -> Path:
     return Path(args.log_dir) if getattr(args, "log_dir", None) else config.run_dir / "logs"
 
 
-async def _serve(name: str, config: RunConfig, args: argparse.Namespace, service_names: list[str],
-                 setup: Callable[[ServiceContext], Awaitable[Cleanup | None]]) -> int:
+async def _serve(
+    name: str,
+    config: RunConfig,
+    args: argparse.Namespace,
+    service_names: list[str],
+    setup: Callable[[ServiceContext], Awaitable[Cleanup | None]],
+) -> int:
     log_dir = log_dir_for(config, args)
     log = setup_logging(name, log_dir / f"{name}.log", config.log_level)
     server = GrpcServer(ServerOptions.from_config(config.grpc, args.host, args.port), service_names)
@@ -82,8 +87,14 @@ async def _serve(name: str, config: RunConfig, args: argparse.Namespace, service
     return 0
 
 
-def serve_main(name: str, config: RunConfig, args: argparse.Namespace, service_names: list[str],
-               setup: Callable[[ServiceContext], Awaitable[Cleanup | None]], num_threads: int = 1) -> int:
+def serve_main(
+    name: str,
+    config: RunConfig,
+    args: argparse.Namespace,
+    service_names: list[str],
+    setup: Callable[[ServiceContext], Awaitable[Cleanup | None]],
+    num_threads: int = 1,
+) -> int:
     """Runs a service until SIGTERM; returns the process exit code."""
     limit_threads(num_threads)
     return asyncio.run(_serve(name, config, args, service_names, setup))

@@ -44,7 +44,9 @@ class Tokenizer(Protocol):
     def stop_token_ids(self) -> list[int]: ...
 
 
-def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+def render_chat(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool = True
+) -> list[int]:
     ids: list[int] = []
     for message in messages:
         ids += tokenizer.render_message(message.role, message.content)
@@ -116,7 +118,9 @@ class HFTokenizer:
         self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.vocab_size = len(self._tok)
         self.eos_token_id = self._tok.eos_token_id
-        self.pad_token_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_token_id
+        self.pad_token_id = (
+            self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_token_id
+        )
         self._header_cache: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
@@ -126,7 +130,9 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def _template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        out = self._tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+        out = self._tok.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=add_generation_prompt
+        )
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
     def message_header(self, role: str) -> list[int]:
@@ -135,7 +141,7 @@ class HFTokenizer:
         if role not in self._header_cache:
             with_prompt = self._template([{"role": "user", "content": "x"}], True)
             without = self._template([{"role": "user", "content": "x"}], False)
-            self._header_cache[role] = with_prompt[len(without):]
+            self._header_cache[role] = with_prompt[len(without) :]
         return self._header_cache[role]
 
     def render_message(self, role: str, content: str) -> list[int]:

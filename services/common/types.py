@@ -43,27 +43,44 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
 
-    def validate(self, where: str = "sampling", *, vocab_size: int | None = None,
-                 max_model_len: int | None = None, prompt_len: int | None = None) -> None:
+    def validate(
+        self,
+        where: str = "sampling",
+        *,
+        vocab_size: int | None = None,
+        max_model_len: int | None = None,
+        prompt_len: int | None = None,
+    ) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise WireError(f"{where}.temperature", f"{where}.temperature must be a finite number >= 0, got {self.temperature}")
+            raise WireError(
+                f"{where}.temperature",
+                f"{where}.temperature must be a finite number >= 0, got {self.temperature}",
+            )
         if not (0 < self.top_p <= 1):
             raise WireError(f"{where}.top_p", f"{where}.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise WireError(f"{where}.top_k", f"{where}.top_k must be >= 0, got {self.top_k}")
         if self.max_tokens <= 0:
-            raise WireError(f"{where}.max_tokens", f"{where}.max_tokens must be positive, got {self.max_tokens}")
+            raise WireError(
+                f"{where}.max_tokens", f"{where}.max_tokens must be positive, got {self.max_tokens}"
+            )
         if self.n < 1:
             raise WireError(f"{where}.n", f"{where}.n must be >= 1, got {self.n}")
         if vocab_size is not None:
             for i, tok in enumerate(self.stop_token_ids):
                 if not 0 <= tok < vocab_size:
-                    raise WireError(f"{where}.stop_token_ids[{i}]", f"{where}.stop_token_ids[{i}] = {tok} is outside the vocabulary [0, {vocab_size})")
+                    raise WireError(
+                        f"{where}.stop_token_ids[{i}]",
+                        f"{where}.stop_token_ids[{i}] = {tok} is outside the vocabulary [0, {vocab_size})",
+                    )
         if max_model_len is not None:
             budget = max_model_len - (prompt_len or 0)
             if self.max_tokens > budget:
-                raise WireError(f"{where}.max_tokens", f"{where}.max_tokens = {self.max_tokens} exceeds the context: "
-                                f"{prompt_len or 0} prompt tokens + max_tokens must be <= {max_model_len}")
+                raise WireError(
+                    f"{where}.max_tokens",
+                    f"{where}.max_tokens = {self.max_tokens} exceeds the context: "
+                    f"{prompt_len or 0} prompt tokens + max_tokens must be <= {max_model_len}",
+                )
 
 
 @dataclass
@@ -173,12 +190,20 @@ class Trace:
             raise WireError(f"{where}.reward", f"{where}.reward is {self.reward}, not a finite number")
         for name, comp in self.rewards.items():
             if not (math.isfinite(comp.score) and math.isfinite(comp.weight)):
-                raise WireError(f"{where}.rewards[{name}]", f"{where}.rewards[{name}] is not finite ({comp.score}, {comp.weight})")
+                raise WireError(
+                    f"{where}.rewards[{name}]",
+                    f"{where}.rewards[{name}] is not finite ({comp.score}, {comp.weight})",
+                )
         for name, value in self.metrics.items():
             if not math.isfinite(value):
-                raise WireError(f"{where}.metrics[{name}]", f"{where}.metrics[{name}] is {value}, not a finite number")
+                raise WireError(
+                    f"{where}.metrics[{name}]", f"{where}.metrics[{name}] is {value}, not a finite number"
+                )
         if self.policy_span[0] > self.policy_span[1]:
-            raise WireError(f"{where}.policy_span", f"{where}.policy_span start {self.policy_span[0]} > end {self.policy_span[1]}")
+            raise WireError(
+                f"{where}.policy_span",
+                f"{where}.policy_span start {self.policy_span[0]} > end {self.policy_span[1]}",
+            )
         seen: dict[str, MessageNode] = {}
         for i, node in enumerate(self.nodes):
             at = f"{where}.nodes[{i}]"
@@ -191,9 +216,15 @@ class Trace:
             if node.role not in ROLES:
                 raise WireError(f"{at}.role", f"{at}.role {node.role!r} is not one of {ROLES}")
             if len(node.sampled_mask) != len(node.token_ids):
-                raise WireError(f"{at}.sampled_mask", f"{at}.sampled_mask has {len(node.sampled_mask)} entries but token_ids has {len(node.token_ids)}")
+                raise WireError(
+                    f"{at}.sampled_mask",
+                    f"{at}.sampled_mask has {len(node.sampled_mask)} entries but token_ids has {len(node.token_ids)}",
+                )
             if len(node.logprobs) != node.num_sampled:
-                raise WireError(f"{at}.logprobs", f"{at}.logprobs has {len(node.logprobs)} entries but sampled_mask marks {node.num_sampled} sampled tokens")
+                raise WireError(
+                    f"{at}.logprobs",
+                    f"{at}.logprobs has {len(node.logprobs)} entries but sampled_mask marks {node.num_sampled} sampled tokens",
+                )
             _finite(node.logprobs, f"{at}.logprobs")
             for j, tok in enumerate(node.token_ids):
                 if tok < 0:
@@ -209,7 +240,10 @@ class Trace:
                 if node is None:
                     raise WireError(f"{at}.node_ids[{k}]", f"{at}.node_ids[{k}] {nid!r} names no node")
                 if (node.parent or None) != parent:
-                    raise WireError(f"{at}.node_ids[{k}]", f"{at}.node_ids[{k}] {nid!r} does not follow {parent!r} (its parent is {node.parent!r})")
+                    raise WireError(
+                        f"{at}.node_ids[{k}]",
+                        f"{at}.node_ids[{k}] {nid!r} does not follow {parent!r} (its parent is {node.parent!r})",
+                    )
                 parent = nid
             length = sum(len(seen[nid].token_ids) for nid in branch.node_ids)
             validate_dims(at, length, branch.mask, branch.channels, length_name="token_ids")
@@ -224,15 +258,23 @@ class BranchTokens:
     observation: list[bool]
 
 
-def validate_dims(at: str, length: int, mask: list[bool], channels: list[Channel], *, length_name: str) -> None:
+def validate_dims(
+    at: str, length: int, mask: list[bool], channels: list[Channel], *, length_name: str
+) -> None:
     """A mask (if present) and every channel must have one entry per token."""
     if mask and len(mask) != length:
         raise WireError(f"{at}.mask", f"{at}.mask has {len(mask)} entries but {length_name} has {length}")
     for c, channel in enumerate(channels):
         if channel.loss not in LOSS_KINDS:
-            raise WireError(f"{at}.channels[{c}].loss", f"{at}.channels[{c}].loss {channel.loss!r} is not one of {LOSS_KINDS}")
+            raise WireError(
+                f"{at}.channels[{c}].loss",
+                f"{at}.channels[{c}].loss {channel.loss!r} is not one of {LOSS_KINDS}",
+            )
         if len(channel.values) != length:
-            raise WireError(f"{at}.channels[{c}].values", f"{at}.channels[{c}].values has {len(channel.values)} entries but {length_name} has {length}")
+            raise WireError(
+                f"{at}.channels[{c}].values",
+                f"{at}.channels[{c}].values has {len(channel.values)} entries but {length_name} has {length}",
+            )
         _finite(channel.values, f"{at}.channels[{c}].values")
 
 
@@ -249,20 +291,33 @@ class TrainingSample:
         if n == 0:
             raise WireError(f"{where}.token_ids", f"{where}.token_ids is empty")
         if len(self.mask) != n:
-            raise WireError(f"{where}.mask", f"{where}.mask has {len(self.mask)} entries but token_ids has {n}")
+            raise WireError(
+                f"{where}.mask", f"{where}.mask has {len(self.mask)} entries but token_ids has {n}"
+            )
         if len(self.logprobs) != n:
-            raise WireError(f"{where}.logprobs", f"{where}.logprobs has {len(self.logprobs)} entries but token_ids has {n}")
+            raise WireError(
+                f"{where}.logprobs",
+                f"{where}.logprobs has {len(self.logprobs)} entries but token_ids has {n}",
+            )
         if len(self.temperatures) != n:
-            raise WireError(f"{where}.temperatures", f"{where}.temperatures has {len(self.temperatures)} entries but token_ids has {n}")
+            raise WireError(
+                f"{where}.temperatures",
+                f"{where}.temperatures has {len(self.temperatures)} entries but token_ids has {n}",
+            )
         _finite(self.logprobs, f"{where}.logprobs")
         _finite(self.temperatures, f"{where}.temperatures")
         for i, t in enumerate(self.temperatures):
             if t <= 0:
-                raise WireError(f"{where}.temperatures[{i}]", f"{where}.temperatures[{i}] = {t} must be positive")
+                raise WireError(
+                    f"{where}.temperatures[{i}]", f"{where}.temperatures[{i}] = {t} must be positive"
+                )
         if vocab_size is not None:
             for i, tok in enumerate(self.token_ids):
                 if not 0 <= tok < vocab_size:
-                    raise WireError(f"{where}.token_ids[{i}]", f"{where}.token_ids[{i}] = {tok} is outside the vocabulary [0, {vocab_size})")
+                    raise WireError(
+                        f"{where}.token_ids[{i}]",
+                        f"{where}.token_ids[{i}] = {tok} is outside the vocabulary [0, {vocab_size})",
+                    )
         validate_dims(where, n, self.mask, self.channels, length_name="token_ids")
 
 
@@ -277,13 +332,20 @@ class TrainingBatch:
     def validate(self, where: str = "batch", vocab_size: int | None = None) -> None:
         if not self.samples:
             raise WireError(f"{where}.samples", f"{where}.samples is empty")
-        if self.learning_rate is not None and not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise WireError(f"{where}.learning_rate", f"{where}.learning_rate must be a positive finite number, got {self.learning_rate}")
+        if self.learning_rate is not None and not (
+            math.isfinite(self.learning_rate) and self.learning_rate > 0
+        ):
+            raise WireError(
+                f"{where}.learning_rate",
+                f"{where}.learning_rate must be a positive finite number, got {self.learning_rate}",
+            )
         for i, sample in enumerate(self.samples):
             sample.validate(f"{where}.samples[{i}]", vocab_size)
         for name, value in self.metrics.items():
             if not math.isfinite(value):
-                raise WireError(f"{where}.metrics[{name}]", f"{where}.metrics[{name}] is {value}, not a finite number")
+                raise WireError(
+                    f"{where}.metrics[{name}]", f"{where}.metrics[{name}] is {value}, not a finite number"
+                )
 
 
 MemberRole = Literal["train", "fixed"]
@@ -317,9 +379,13 @@ class GenerationPlan:
         for key, target in self.targets.items():
             at = f"{where}.targets[{key}]"
             if target.member_id != key:
-                raise WireError(f"{at}.member_id", f"{at}.member_id {target.member_id!r} differs from its key")
+                raise WireError(
+                    f"{at}.member_id", f"{at}.member_id {target.member_id!r} differs from its key"
+                )
             if target.model.kind == "inference" and not target.model.addresses:
-                raise WireError(f"{at}.model.addresses", f"{at}.model.addresses is empty for an inference target")
+                raise WireError(
+                    f"{at}.model.addresses", f"{at}.model.addresses is empty for an inference target"
+                )
             target.sampling.validate(f"{at}.sampling")
 
     @property

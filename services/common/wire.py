@@ -60,8 +60,10 @@ def _enum(table: dict, value: int, where: str, name: str):
 
 def sampling_to_proto(params: SamplingParams) -> sampling_pb2.SamplingParams:
     msg = sampling_pb2.SamplingParams(
-        temperature=params.temperature, max_tokens=params.max_tokens,
-        stop_token_ids=params.stop_token_ids, n=params.n,
+        temperature=params.temperature,
+        max_tokens=params.max_tokens,
+        stop_token_ids=params.stop_token_ids,
+        n=params.n,
     )
     if params.top_p != 1.0:
         msg.top_p = params.top_p
@@ -72,8 +74,14 @@ def sampling_to_proto(params: SamplingParams) -> sampling_pb2.SamplingParams:
     return msg
 
 
-def sampling_from_proto(msg: sampling_pb2.SamplingParams, where: str = "sampling", *, vocab_size: int | None = None,
-                        max_model_len: int | None = None, prompt_len: int | None = None) -> SamplingParams:
+def sampling_from_proto(
+    msg: sampling_pb2.SamplingParams,
+    where: str = "sampling",
+    *,
+    vocab_size: int | None = None,
+    max_model_len: int | None = None,
+    prompt_len: int | None = None,
+) -> SamplingParams:
     params = SamplingParams(
         temperature=msg.temperature,
         top_p=msg.top_p if msg.HasField("top_p") else 1.0,
@@ -96,7 +104,9 @@ def _channels_to_proto(channels: list[Channel]) -> list[trace_pb2.AdvantageChann
 
 def channels_from_proto(channels, where: str) -> list[Channel]:
     return [
-        Channel(loss=_enum(_LOSS_FROM_PB, c.loss, f"{where}.channels[{i}].loss", "loss"), values=list(c.values))
+        Channel(
+            loss=_enum(_LOSS_FROM_PB, c.loss, f"{where}.channels[{i}].loss", "loss"), values=list(c.values)
+        )
         for i, c in enumerate(channels)
     ]
 
@@ -120,12 +130,21 @@ def task_from_proto(msg: trace_pb2.TaskRef) -> TaskRef:
 
 def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
     return trace_pb2.Trace(
-        id=trace.id, rollout_id=trace.rollout_id, group_id=trace.group_id, task=task_to_proto(trace.task),
+        id=trace.id,
+        rollout_id=trace.rollout_id,
+        group_id=trace.group_id,
+        task=task_to_proto(trace.task),
         member_id=trace.member_id,
         nodes=[
             trace_pb2.MessageNode(
-                id=n.id, parent=n.parent or "", role=_ROLE_TO_PB[n.role], content=n.content, token_ids=n.token_ids,
-                sampled_mask=n.sampled_mask, logprobs=n.logprobs, is_observation=n.is_observation,
+                id=n.id,
+                parent=n.parent or "",
+                role=_ROLE_TO_PB[n.role],
+                content=n.content,
+                token_ids=n.token_ids,
+                sampled_mask=n.sampled_mask,
+                logprobs=n.logprobs,
+                is_observation=n.is_observation,
                 parse_error=n.parse_error,
             )
             for n in trace.nodes
@@ -134,12 +153,20 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
             trace_pb2.Branch(node_ids=b.node_ids, channels=_channels_to_proto(b.channels), mask=b.mask)
             for b in trace.branches
         ],
-        rewards={k: trace_pb2.RewardComponent(score=v.score, weight=v.weight) for k, v in trace.rewards.items()},
-        reward=trace.reward, metrics=trace.metrics,
-        errors=[trace_pb2.TraceError(type=e.type, message=e.message, retryable=e.retryable) for e in trace.errors],
-        stop_condition=_STOP_TO_PB[trace.stop_condition], is_truncated=trace.is_truncated,
+        rewards={
+            k: trace_pb2.RewardComponent(score=v.score, weight=v.weight) for k, v in trace.rewards.items()
+        },
+        reward=trace.reward,
+        metrics=trace.metrics,
+        errors=[
+            trace_pb2.TraceError(type=e.type, message=e.message, retryable=e.retryable) for e in trace.errors
+        ],
+        stop_condition=_STOP_TO_PB[trace.stop_condition],
+        is_truncated=trace.is_truncated,
         policy_span=trace_pb2.PolicySpan(start=trace.policy_span[0], end=trace.policy_span[1]),
-        timing=trace_pb2.Timing(**{k: trace.timing.get(k, 0.0) for k in ("generation_s", "scoring_s", "total_s")}),
+        timing=trace_pb2.Timing(
+            **{k: trace.timing.get(k, 0.0) for k in ("generation_s", "scoring_s", "total_s")}
+        ),
         info=trace.info,
     )
 
@@ -147,25 +174,46 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
 def trace_from_proto(msg: trace_pb2.Trace, where: str = "trace") -> Trace:
     nodes = [
         MessageNode(
-            id=n.id, parent=n.parent or None, role=_enum(_ROLE_FROM_PB, n.role, f"{where}.nodes[{i}].role", "role"),
-            content=n.content, token_ids=list(n.token_ids), sampled_mask=list(n.sampled_mask), logprobs=list(n.logprobs),
-            is_observation=n.is_observation, parse_error=n.parse_error,
+            id=n.id,
+            parent=n.parent or None,
+            role=_enum(_ROLE_FROM_PB, n.role, f"{where}.nodes[{i}].role", "role"),
+            content=n.content,
+            token_ids=list(n.token_ids),
+            sampled_mask=list(n.sampled_mask),
+            logprobs=list(n.logprobs),
+            is_observation=n.is_observation,
+            parse_error=n.parse_error,
         )
         for i, n in enumerate(msg.nodes)
     ]
     branches = [
-        Branch(node_ids=list(b.node_ids), channels=channels_from_proto(b.channels, f"{where}.branches[{i}]"), mask=list(b.mask))
+        Branch(
+            node_ids=list(b.node_ids),
+            channels=channels_from_proto(b.channels, f"{where}.branches[{i}]"),
+            mask=list(b.mask),
+        )
         for i, b in enumerate(msg.branches)
     ]
     trace = Trace(
-        id=msg.id, rollout_id=msg.rollout_id, group_id=msg.group_id, task=task_from_proto(msg.task),
-        member_id=msg.member_id, nodes=nodes, branches=branches,
+        id=msg.id,
+        rollout_id=msg.rollout_id,
+        group_id=msg.group_id,
+        task=task_from_proto(msg.task),
+        member_id=msg.member_id,
+        nodes=nodes,
+        branches=branches,
         rewards={k: RewardComponent(v.score, v.weight) for k, v in msg.rewards.items()},
-        reward=msg.reward, metrics=dict(msg.metrics),
+        reward=msg.reward,
+        metrics=dict(msg.metrics),
         errors=[TraceError(e.type, e.message, e.retryable) for e in msg.errors],
-        stop_condition=_STOP_FROM_PB.get(msg.stop_condition, ""), is_truncated=msg.is_truncated,
+        stop_condition=_STOP_FROM_PB.get(msg.stop_condition, ""),
+        is_truncated=msg.is_truncated,
         policy_span=(msg.policy_span.start, msg.policy_span.end),
-        timing={"generation_s": msg.timing.generation_s, "scoring_s": msg.timing.scoring_s, "total_s": msg.timing.total_s},
+        timing={
+            "generation_s": msg.timing.generation_s,
+            "scoring_s": msg.timing.scoring_s,
+            "total_s": msg.timing.total_s,
+        },
         info=dict(msg.info),
     )
     trace.validate(where)
@@ -177,31 +225,44 @@ def trace_from_proto(msg: trace_pb2.Trace, where: str = "trace") -> Trace:
 
 def sample_to_proto(sample: TrainingSample) -> training_pb2.TrainingSample:
     return training_pb2.TrainingSample(
-        token_ids=sample.token_ids, mask=sample.mask, logprobs=sample.logprobs,
-        temperatures=sample.temperatures, channels=_channels_to_proto(sample.channels),
+        token_ids=sample.token_ids,
+        mask=sample.mask,
+        logprobs=sample.logprobs,
+        temperatures=sample.temperatures,
+        channels=_channels_to_proto(sample.channels),
     )
 
 
 def batch_to_proto(batch: TrainingBatch) -> training_pb2.TrainingBatch:
     msg = training_pb2.TrainingBatch(
-        step=batch.step, policy_version=batch.policy_version,
-        samples=[sample_to_proto(s) for s in batch.samples], metrics=batch.metrics,
+        step=batch.step,
+        policy_version=batch.policy_version,
+        samples=[sample_to_proto(s) for s in batch.samples],
+        metrics=batch.metrics,
     )
     if batch.learning_rate is not None:
         msg.learning_rate = batch.learning_rate
     return msg
 
 
-def batch_from_proto(msg: training_pb2.TrainingBatch, where: str = "batch", vocab_size: int | None = None) -> TrainingBatch:
+def batch_from_proto(
+    msg: training_pb2.TrainingBatch, where: str = "batch", vocab_size: int | None = None
+) -> TrainingBatch:
     samples = [
         TrainingSample(
-            token_ids=list(s.token_ids), mask=list(s.mask), logprobs=list(s.logprobs),
-            temperatures=list(s.temperatures), channels=channels_from_proto(s.channels, f"{where}.samples[{i}]"),
+            token_ids=list(s.token_ids),
+            mask=list(s.mask),
+            logprobs=list(s.logprobs),
+            temperatures=list(s.temperatures),
+            channels=channels_from_proto(s.channels, f"{where}.samples[{i}]"),
         )
         for i, s in enumerate(msg.samples)
     ]
     batch = TrainingBatch(
-        step=msg.step, policy_version=msg.policy_version, samples=samples, metrics=dict(msg.metrics),
+        step=msg.step,
+        policy_version=msg.policy_version,
+        samples=samples,
+        metrics=dict(msg.metrics),
         learning_rate=msg.learning_rate if msg.HasField("learning_rate") else None,
     )
     batch.validate(where, vocab_size)
@@ -212,14 +273,19 @@ def batch_from_proto(msg: training_pb2.TrainingBatch, where: str = "batch", voca
 
 
 def plan_to_proto(plan: GenerationPlan) -> plan_pb2.GenerationPlan:
-    return plan_pb2.GenerationPlan(targets=[
-        plan_pb2.PlanTarget(
-            member_id=t.member_id, role=_MEMBER_ROLE_TO_PB[t.role],
-            model=plan_pb2.ModelEndpoint(name=t.model.name, kind=_KIND_TO_PB[t.model.kind], addresses=t.model.addresses),
-            sampling=sampling_to_proto(t.sampling),
-        )
-        for t in plan.targets.values()
-    ])
+    return plan_pb2.GenerationPlan(
+        targets=[
+            plan_pb2.PlanTarget(
+                member_id=t.member_id,
+                role=_MEMBER_ROLE_TO_PB[t.role],
+                model=plan_pb2.ModelEndpoint(
+                    name=t.model.name, kind=_KIND_TO_PB[t.model.kind], addresses=t.model.addresses
+                ),
+                sampling=sampling_to_proto(t.sampling),
+            )
+            for t in plan.targets.values()
+        ]
+    )
 
 
 def plan_from_proto(msg: plan_pb2.GenerationPlan, where: str = "plan") -> GenerationPlan:
@@ -231,8 +297,11 @@ def plan_from_proto(msg: plan_pb2.GenerationPlan, where: str = "plan") -> Genera
         targets[t.member_id] = PlanTarget(
             member_id=t.member_id,
             role=_enum(_MEMBER_ROLE_FROM_PB, t.role, f"{at}.role", "member role"),
-            model=ModelEndpoint(name=t.model.name, kind=_enum(_KIND_FROM_PB, t.model.kind, f"{at}.model.kind", "endpoint kind"),
-                                addresses=list(t.model.addresses)),
+            model=ModelEndpoint(
+                name=t.model.name,
+                kind=_enum(_KIND_FROM_PB, t.model.kind, f"{at}.model.kind", "endpoint kind"),
+                addresses=list(t.model.addresses),
+            ),
             sampling=sampling_from_proto(t.sampling, f"{at}.sampling"),
         )
     plan = GenerationPlan(targets)

@@ -45,7 +45,12 @@ def test_services_never_import_each_other():
         for path in (SERVICES / package).rglob("*.py"):
             for name in imported_modules(path):
                 parts = name.split(".")
-                if parts[0] == "rlrun" and len(parts) > 1 and parts[1] in SERVICE_PACKAGES and parts[1] != package:
+                if (
+                    parts[0] == "rlrun"
+                    and len(parts) > 1
+                    and parts[1] in SERVICE_PACKAGES
+                    and parts[1] != package
+                ):
                     offences.append(f"{path.relative_to(REPO)} imports {name}")
     assert not offences, offences
 
@@ -62,8 +67,12 @@ def test_common_and_v1_depend_on_nothing_else_in_the_project():
 
 
 def test_stdlib_operator_is_not_shadowed_from_the_repo_root():
-    result = subprocess.run([sys.executable, "-c", "import operator, collections; print(operator.__file__)"],
-                            capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", "import operator, collections; print(operator.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     assert str(REPO) not in result.stdout
     assert not any((REPO / "operator").rglob("*.py"))
@@ -73,6 +82,7 @@ def test_every_package_is_listed_for_non_editable_installs():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {"rlrun"} | {
         "rlrun." + ".".join(p.parent.relative_to(SERVICES).parts)
-        for p in SERVICES.rglob("__init__.py") if p.parent != SERVICES
+        for p in SERVICES.rglob("__init__.py")
+        if p.parent != SERVICES
     }
     assert found == listed, {"missing": sorted(found - listed), "stale": sorted(listed - found)}

@@ -23,7 +23,9 @@ def _move(table: dict[str, Any], old: str, new: str, where: str, warnings: list[
         return
     old_path, new_path = f"{where}.{old}".lstrip("."), f"{where}.{new}".lstrip(".")
     if new in table:
-        raise ConfigError(old_path, f"deprecated key used together with its replacement {new_path}; keep only {new_path}")
+        raise ConfigError(
+            old_path, f"deprecated key used together with its replacement {new_path}; keep only {new_path}"
+        )
     table[new] = table.pop(old)
     warnings.append(f"{old_path} is deprecated; use {new_path}")
 
@@ -52,14 +54,20 @@ def translate_deprecated(raw: dict[str, Any]) -> list[str]:
     train = orch.setdefault("train", {}) if ("sampling" in orch or "env" in orch) else orch.get("train", {})
     if "sampling" in orch:
         if "sampling" in train:
-            raise ConfigError("orchestrator.sampling", "deprecated table used together with its replacement "
-                              "orchestrator.train.sampling; keep only orchestrator.train.sampling")
+            raise ConfigError(
+                "orchestrator.sampling",
+                "deprecated table used together with its replacement "
+                "orchestrator.train.sampling; keep only orchestrator.train.sampling",
+            )
         train["sampling"] = orch.pop("sampling")
         warnings.append("orchestrator.sampling is deprecated; use orchestrator.train.sampling")
     if "env" in orch:
         if "env" in train:
-            raise ConfigError("orchestrator.env", "deprecated table used together with its replacement "
-                              "orchestrator.train.env; keep only orchestrator.train.env")
+            raise ConfigError(
+                "orchestrator.env",
+                "deprecated table used together with its replacement "
+                "orchestrator.train.env; keep only orchestrator.train.env",
+            )
         train["env"] = orch.pop("env")
         warnings.append("orchestrator.env is deprecated; use orchestrator.train.env")
     for table, where in _sampling_tables(raw):
@@ -68,7 +76,12 @@ def translate_deprecated(raw: dict[str, Any]) -> list[str]:
         if isinstance(env, dict) and "num_workers" in env:
             where = f"orchestrator.train.env.{i}"
             if "pool" in env:
-                raise ConfigError(f"{where}.num_workers", f"deprecated key used together with its replacement {where}.pool; keep only {where}.pool")
+                raise ConfigError(
+                    f"{where}.num_workers",
+                    f"deprecated key used together with its replacement {where}.pool; keep only {where}.pool",
+                )
             env["pool"] = {"type": "static", "num_workers": env.pop("num_workers")}
-            warnings.append(f"{where}.num_workers is deprecated; use {where}.pool = {{type = \"static\", num_workers = N}}")
+            warnings.append(
+                f'{where}.num_workers is deprecated; use {where}.pool = {{type = "static", num_workers = N}}'
+            )
     return warnings

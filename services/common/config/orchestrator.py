@@ -216,7 +216,9 @@ class OrchestratorConfig(Section):
     def _references(self) -> OrchestratorConfig:
         known = {POLICY, *self.models}
         if self.actor not in known:
-            raise ValueError(f"orchestrator.actor {self.actor!r} is not `policy` or a key of orchestrator.models")
+            raise ValueError(
+                f"orchestrator.actor {self.actor!r} is not `policy` or a key of orchestrator.models"
+            )
         if POLICY in self.models:
             raise ValueError("orchestrator.models.policy is reserved for the live policy")
         names = [env.key for env in self.train.env]
@@ -227,14 +229,18 @@ class OrchestratorConfig(Section):
             raise ValueError(f"orchestrator.members ids must be unique, got {member_ids}")
         for i, member in enumerate(self.members):
             if member.model not in known:
-                raise ValueError(f"orchestrator.members.{i}.model {member.model!r} is not `policy` or a key of orchestrator.models")
+                raise ValueError(
+                    f"orchestrator.members.{i}.model {member.model!r} is not `policy` or a key of orchestrator.models"
+                )
             if member.role == "train" and member.model != POLICY:
                 raise ValueError(f"orchestrator.members.{i}: a `train` member must use model `policy`")
         if self.members and not any(m.role == "train" for m in self.members):
             raise ValueError("orchestrator.members needs at least one member with role `train`")
         warm = self.warm_start
         if warm.max_steps and warm.actor != "oracle" and warm.actor not in known:
-            raise ValueError(f"orchestrator.warm_start.actor {warm.actor!r} is not `oracle`, `policy` or a key of orchestrator.models")
+            raise ValueError(
+                f"orchestrator.warm_start.actor {warm.actor!r} is not `oracle`, `policy` or a key of orchestrator.models"
+            )
         return self
 
     @property

@@ -45,15 +45,25 @@ class PackedCausal:
 
         qp, kp, vp = pad(q), pad(k), pad(v)
         groups = q.shape[1] // k.shape[1]
-        out = F.scaled_dot_product_attention(qp, _expand_kv(kp, groups), _expand_kv(vp, groups), is_causal=True)
+        out = F.scaled_dot_product_attention(
+            qp, _expand_kv(kp, groups), _expand_kv(vp, groups), is_causal=True
+        )
         return out.transpose(1, 2)[self.rows, self.cols]
 
 
 class SlotKVCache:
     """Per-layer K/V storage of shape [slots, max_len, kv_heads, head_dim]."""
 
-    def __init__(self, num_layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_layers: int,
+        slots: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
         shape = (slots, max_len, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -86,7 +96,9 @@ class CachedStep:
         values = cv[self.slot_ids, : self.span].transpose(1, 2)
         groups = q.shape[1] // k.shape[1]
         out = F.scaled_dot_product_attention(
-            q[:, :, None, :], _expand_kv(keys, groups), _expand_kv(values, groups),
+            q[:, :, None, :],
+            _expand_kv(keys, groups),
+            _expand_kv(values, groups),
             attn_mask=self.visible[:, None, None, :],
         )
         return out[:, :, 0, :]

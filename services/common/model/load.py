@@ -34,7 +34,9 @@ def load_checkpoint_dir(path: str | Path) -> CausalLM:
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (model.config.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match its config: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"checkpoint {path} does not match its config: missing {missing}, unexpected {unexpected}"
+        )
     return model
 
 

@@ -63,7 +63,9 @@ class SelfAttention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attend: Attend, layer: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attend: Attend, layer: int
+    ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
@@ -94,7 +96,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attend: Attend, layer: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attend: Attend, layer: int
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attend, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 

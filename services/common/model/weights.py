@@ -41,14 +41,19 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def build_header(tensors: dict[str, torch.Tensor], version: int) -> tuple[weights_pb2.WeightUpdateHeader, list[memoryview]]:
+def build_header(
+    tensors: dict[str, torch.Tensor], version: int
+) -> tuple[weights_pb2.WeightUpdateHeader, list[memoryview]]:
     buffers = [_as_bytes(t) for t in tensors.values()]
     checksum = 0
     for buf in buffers:
         checksum = zlib.crc32(buf, checksum)
     header = weights_pb2.WeightUpdateHeader(
         version=version,
-        tensors=[weights_pb2.TensorSpec(name=n, dtype=TORCH_TO_PB[t.dtype], shape=list(t.shape)) for n, t in tensors.items()],
+        tensors=[
+            weights_pb2.TensorSpec(name=n, dtype=TORCH_TO_PB[t.dtype], shape=list(t.shape))
+            for n, t in tensors.items()
+        ],
         total_bytes=sum(len(b) for b in buffers),
         checksum=checksum,
         transport=weights_pb2.WEIGHT_TRANSPORT_GRPC,
@@ -56,8 +61,9 @@ def build_header(tensors: dict[str, torch.Tensor], version: int) -> tuple[weight
     return header, buffers
 
 
-def iter_update_messages(tensors: dict[str, torch.Tensor], version: int,
-                         chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterator[weights_pb2.WeightUpdateMessage]:
+def iter_update_messages(
+    tensors: dict[str, torch.Tensor], version: int, chunk_bytes: int = MAX_CHUNK_BYTES
+) -> Iterator[weights_pb2.WeightUpdateMessage]:
     """Header first, then chunks of at most `chunk_bytes` (capped at 4 MiB)."""
     chunk_bytes = min(chunk_bytes, MAX_CHUNK_BYTES)
     header, buffers = build_header(tensors, version)
@@ -68,14 +74,18 @@ def iter_update_messages(tensors: dict[str, torch.Tensor], version: int,
         offset = 0
         while offset < len(buf):
             take = min(chunk_bytes - len(pending), len(buf) - offset)
-            pending += buf[offset:offset + take]
+            pending += buf[offset : offset + take]
             offset += take
             if len(pending) == chunk_bytes:
-                yield weights_pb2.WeightUpdateMessage(chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending)))
+                yield weights_pb2.WeightUpdateMessage(
+                    chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending))
+                )
                 index += 1
                 pending.clear()
     if pending:
-        yield weights_pb2.WeightUpdateMessage(chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending)))
+        yield weights_pb2.WeightUpdateMessage(
+            chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending))
+        )
 
 
 class WeightAssembler:
@@ -89,18 +99,30 @@ class WeightAssembler:
         missing = sorted(set(expected) - set(names))
         unknown = sorted(set(names) - set(expected))
         if missing or unknown:
-            raise WireError("header.tensors", f"header.tensors does not match the model: missing {missing[:5]}, unknown {unknown[:5]}")
+            raise WireError(
+                "header.tensors",
+                f"header.tensors does not match the model: missing {missing[:5]}, unknown {unknown[:5]}",
+            )
         size = 0
         for i, spec in enumerate(header.tensors):
             target = expected[spec.name]
             dtype = PB_TO_TORCH.get(spec.dtype)
             if dtype != target.dtype:
-                raise WireError(f"header.tensors[{i}].dtype", f"header.tensors[{i}] ({spec.name}) has dtype {dtype}, the model has {target.dtype}")
+                raise WireError(
+                    f"header.tensors[{i}].dtype",
+                    f"header.tensors[{i}] ({spec.name}) has dtype {dtype}, the model has {target.dtype}",
+                )
             if tuple(spec.shape) != tuple(target.shape):
-                raise WireError(f"header.tensors[{i}].shape", f"header.tensors[{i}] ({spec.name}) has shape {tuple(spec.shape)}, the model has {tuple(target.shape)}")
+                raise WireError(
+                    f"header.tensors[{i}].shape",
+                    f"header.tensors[{i}] ({spec.name}) has shape {tuple(spec.shape)}, the model has {tuple(target.shape)}",
+                )
             size += target.numel() * target.element_size()
         if header.total_bytes != size:
-            raise WireError("header.total_bytes", f"header.total_bytes is {header.total_bytes} but the tensors need {size}")
+            raise WireError(
+                "header.total_bytes",
+                f"header.total_bytes is {header.total_bytes} but the tensors need {size}",
+            )
         self.header = header
         self.buffer = bytearray(size)
         self.received = 0
@@ -108,7 +130,10 @@ class WeightAssembler:
 
     def add(self, chunk: weights_pb2.WeightChunk) -> None:
         if chunk.version != self.header.version:
-            raise WireError("chunk.version", f"chunk {chunk.index} is for version {chunk.version}, the header announced {self.header.version}")
+            raise WireError(
+                "chunk.version",
+                f"chunk {chunk.index} is for version {chunk.version}, the header announced {self.header.version}",
+            )
         if chunk.index != self.next_index:
             raise WireError("chunk.index", f"chunk.index is {chunk.index}, expected {self.next_index}")
         if len(chunk.data) > MAX_CHUNK_BYTES:
@@ -116,7 +141,7 @@ class WeightAssembler:
         end = self.received + len(chunk.data)
         if end > len(self.buffer):
             raise WireError("chunk.data", f"chunks carry more than header.total_bytes ({len(self.buffer)})")
-        self.buffer[self.received:end] = chunk.data
+        self.buffer[self.received : end] = chunk.data
         self.received = end
         self.next_index += 1
 
@@ -126,7 +151,9 @@ class WeightAssembler:
             raise WireError("chunks", f"stream ended after {self.received} of {len(self.buffer)} bytes")
         checksum = zlib.crc32(self.buffer)
         if checksum != self.header.checksum:
-            raise WireError("header.checksum", f"checksum mismatch: header {self.header.checksum}, data {checksum}")
+            raise WireError(
+                "header.checksum", f"checksum mismatch: header {self.header.checksum}, data {checksum}"
+            )
         out: dict[str, torch.Tensor] = {}
         offset = 0
         raw = np.frombuffer(self.buffer, dtype=np.uint8)
@@ -134,7 +161,7 @@ class WeightAssembler:
             dtype = PB_TO_TORCH[spec.dtype]
             count = int(np.prod(spec.shape)) if len(spec.shape) else 1
             nbytes = count * torch.empty((), dtype=dtype).element_size()
-            piece = torch.from_numpy(raw[offset:offset + nbytes].copy())
+            piece = torch.from_numpy(raw[offset : offset + nbytes].copy())
             out[spec.name] = piece.view(dtype).reshape(tuple(spec.shape))
             offset += nbytes
         return out

@@ -33,11 +33,15 @@ def test_every_field_is_documented():
     def walk(model_cls, path):
         for name, field in model_cls.model_fields.items():
             assert field.description, f"{path}{name} has no docstring"
-            assert "Default" in field.description or field.is_required() or hasattr(field.annotation, "model_fields"), \
-                f"{path}{name} does not state its default"
+            assert (
+                "Default" in field.description
+                or field.is_required()
+                or hasattr(field.annotation, "model_fields")
+            ), f"{path}{name} does not state its default"
             ann = field.annotation
             if isinstance(ann, type) and hasattr(ann, "model_fields"):
                 walk(ann, f"{path}{name}.")
+
     walk(RunConfig, "")
 
 
@@ -67,18 +71,22 @@ def test_deprecated_spellings_resolve_to_the_same_values_with_one_warning_each()
     old, warnings = resolve_config(tomllib.loads(OLD_STYLE))
     new, none = resolve_config(tomllib.loads(NEW_STYLE))
     assert old == new and none == []
-    assert sorted(warnings) == sorted([
-        "orchestrator.sampling is deprecated; use orchestrator.train.sampling",
-        "orchestrator.env is deprecated; use orchestrator.train.env",
-        "orchestrator.train.sampling.max_tokens is deprecated; use orchestrator.train.sampling.max_completion_tokens",
-        "orchestrator.train.env.0.sampling.max_tokens is deprecated; use orchestrator.train.env.0.sampling.max_completion_tokens",
-        'orchestrator.train.env.0.num_workers is deprecated; use orchestrator.train.env.0.pool = {type = "static", num_workers = N}',
-    ])
+    assert sorted(warnings) == sorted(
+        [
+            "orchestrator.sampling is deprecated; use orchestrator.train.sampling",
+            "orchestrator.env is deprecated; use orchestrator.train.env",
+            "orchestrator.train.sampling.max_tokens is deprecated; use orchestrator.train.sampling.max_completion_tokens",
+            "orchestrator.train.env.0.sampling.max_tokens is deprecated; use orchestrator.train.env.0.sampling.max_completion_tokens",
+            'orchestrator.train.env.0.num_workers is deprecated; use orchestrator.train.env.0.pool = {type = "static", num_workers = N}',
+        ]
+    )
 
 
 def test_shipped_config_with_old_keys_matches_the_original(tmp_path):
     text = (REPO / "configs/reverse_text.toml").read_text()
-    old = text.replace("[orchestrator.train.sampling]", "[orchestrator.sampling]").replace("max_completion_tokens", "max_tokens")
+    old = text.replace("[orchestrator.train.sampling]", "[orchestrator.sampling]").replace(
+        "max_completion_tokens", "max_tokens"
+    )
     path = tmp_path / "old.toml"
     path.write_text(old)
     config, warnings = load_config_with_warnings(path)
@@ -91,10 +99,18 @@ def test_shipped_config_with_old_keys_matches_the_original(tmp_path):
 @pytest.mark.parametrize(
     "text, path",
     [
-        ("[orchestrator.sampling]\n[orchestrator.train.sampling]\n[[orchestrator.train.env]]\nid='x'", "orchestrator.sampling"),
-        ("[[orchestrator.train.env]]\nid='x'\nnum_workers=2\npool={type='static'}", "orchestrator.train.env.0.num_workers"),
-        ("[orchestrator.train.sampling]\nmax_tokens=3\nmax_completion_tokens=4\n[[orchestrator.train.env]]\nid='x'",
-         "orchestrator.train.sampling.max_tokens"),
+        (
+            "[orchestrator.sampling]\n[orchestrator.train.sampling]\n[[orchestrator.train.env]]\nid='x'",
+            "orchestrator.sampling",
+        ),
+        (
+            "[[orchestrator.train.env]]\nid='x'\nnum_workers=2\npool={type='static'}",
+            "orchestrator.train.env.0.num_workers",
+        ),
+        (
+            "[orchestrator.train.sampling]\nmax_tokens=3\nmax_completion_tokens=4\n[[orchestrator.train.env]]\nid='x'",
+            "orchestrator.train.sampling.max_tokens",
+        ),
         ("[[orchestrator.env]]\nid='x'\n[[orchestrator.train.env]]\nid='y'", "orchestrator.env"),
     ],
 )
@@ -129,6 +145,7 @@ def test_incompatible_combinations_name_the_key(patch, path):
                 merge(dst[k], v)
             else:
                 dst[k] = v
+
     merge(raw, patch)
     with pytest.raises(ConfigError) as error:
         resolve_config(raw)
@@ -138,12 +155,15 @@ def test_incompatible_combinations_name_the_key(patch, path):
 
 
 def test_cli_overrides():
-    config, _ = resolve_config(copy.deepcopy(MINIMAL), [
-        "orchestrator.train.sampling.temperature=0.7",
-        "orchestrator.train.env.0.address=\"127.0.0.1:5000\"",
-        "inference.addresses=[\"a:1\", \"b:2\"]",
-        "name=plain-string",
-    ])
+    config, _ = resolve_config(
+        copy.deepcopy(MINIMAL),
+        [
+            "orchestrator.train.sampling.temperature=0.7",
+            'orchestrator.train.env.0.address="127.0.0.1:5000"',
+            'inference.addresses=["a:1", "b:2"]',
+            "name=plain-string",
+        ],
+    )
     assert config.orchestrator.train.sampling.temperature == 0.7
     assert config.orchestrator.train.env[0].address == "127.0.0.1:5000"
     assert config.inference.addresses == ["a:1", "b:2"]
@@ -162,7 +182,12 @@ def test_every_shipped_config_parses(path):
 
 
 def test_check_config_prints_resolved_json(capsys):
-    assert cli_main(["check-config", str(REPO / "configs/reverse_text.toml"), "--set", "orchestrator.max_steps=7"]) == 0
+    assert (
+        cli_main(
+            ["check-config", str(REPO / "configs/reverse_text.toml"), "--set", "orchestrator.max_steps=7"]
+        )
+        == 0
+    )
     resolved = json.loads(capsys.readouterr().out)
     assert resolved["orchestrator"]["max_steps"] == 7
     assert resolved["orchestrator"]["train"]["sampling"]["max_completion_tokens"] == 12
@@ -170,7 +195,9 @@ def test_check_config_prints_resolved_json(capsys):
 
 def test_check_config_exits_2_naming_the_key(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
-    bad.write_text("[orchestrator]\nmax_off_policy_steps = -1\n[[orchestrator.train.env]]\nid = 'reverse-text'\n")
+    bad.write_text(
+        "[orchestrator]\nmax_off_policy_steps = -1\n[[orchestrator.train.env]]\nid = 'reverse-text'\n"
+    )
     assert cli_main(["check-config", str(bad)]) == 2
     assert "orchestrator.max_off_policy_steps" in capsys.readouterr().err
     assert cli_main(["check-config", str(tmp_path / "missing.toml")]) == 2

@@ -47,13 +47,20 @@ def test_packed_forward_matches_transformers(pair):
         packed = model(torch.cat(seqs), positions, PackedCausal(cu))
         for i, seq in enumerate(seqs):
             reference = hf(seq[None]).logits[0]
-            torch.testing.assert_close(packed[cu[i]:cu[i + 1]], reference, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(packed[cu[i] : cu[i + 1]], reference, atol=1e-5, rtol=1e-4)
 
 
 def test_kv_cache_prefill_and_decode_match_a_full_forward(pair):
     model, hf = pair
     cfg = model.config
-    cache = SlotKVCache(cfg.num_layers, slots=3, max_len=16, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=torch.float32)
+    cache = SlotKVCache(
+        cfg.num_layers,
+        slots=3,
+        max_len=16,
+        kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=torch.float32,
+    )
     a, b = torch.randint(0, 128, (9,)), torch.randint(0, 128, (6,))
     with torch.no_grad():
         full_a, full_b = hf(a[None]).logits[0], hf(b[None]).logits[0]
@@ -65,7 +72,11 @@ def test_kv_cache_prefill_and_decode_match_a_full_forward(pair):
         torch.testing.assert_close(out[:5], full_a[:5], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(out[5:], full_b[:3], atol=1e-5, rtol=1e-4)
         for p in range(3, 6):
-            step = model(torch.stack([a[p + 2], b[p]]), torch.tensor([p + 2, p]), cache.step(torch.tensor([2, 0]), torch.tensor([p + 2, p])))
+            step = model(
+                torch.stack([a[p + 2], b[p]]),
+                torch.tensor([p + 2, p]),
+                cache.step(torch.tensor([2, 0]), torch.tensor([p + 2, p])),
+            )
             torch.testing.assert_close(step[0], full_a[p + 2], atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(step[1], full_b[p], atol=1e-5, rtol=1e-4)
 
@@ -74,7 +85,7 @@ def test_seeded_init_is_reproducible_and_seed_dependent():
     cfg = ModelConfig(config=CONFIGS[0])
     a, b = build_model(cfg), build_model(cfg)
     c = build_model(cfg.model_copy(update={"seed": 1}))
-    for (name, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True):
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
     params = sum(p.numel() for p in a.parameters())

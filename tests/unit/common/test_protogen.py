@@ -4,12 +4,24 @@ from pathlib import Path
 
 from rlrun.common.protogen import GENERATED_DIR, PROTO_DIR, generate
 
-EXPECTED_PROTOS = {"trace", "training", "weights", "inference", "env", "trainer", "orchestrator", "sampling", "plan"}
+EXPECTED_PROTOS = {
+    "trace",
+    "training",
+    "weights",
+    "inference",
+    "env",
+    "trainer",
+    "orchestrator",
+    "sampling",
+    "plan",
+}
 
 
 def test_generated_code_is_fresh(tmp_path: Path):
     fresh = {p.name: p.read_bytes() for p in generate(tmp_path)}
-    committed = {p.name: p.read_bytes() for p in GENERATED_DIR.iterdir() if p.is_file() and p.suffix in (".py", ".pyi")}
+    committed = {
+        p.name: p.read_bytes() for p in GENERATED_DIR.iterdir() if p.is_file() and p.suffix in (".py", ".pyi")
+    }
     stale = sorted(name for name in fresh if committed.get(name) != fresh[name])
     extra = sorted(set(committed) - set(fresh))
     assert not stale and not extra, f"run `make proto`: stale {stale}, no longer generated {extra}"
@@ -21,8 +33,10 @@ def test_every_contract_file_exists_with_unspecified_enum_zeros():
         lines = proto.read_text().splitlines()
         for i, line in enumerate(lines):
             if line.startswith("enum "):
-                first_value = next(v for v in lines[i + 1:] if "=" in v and not v.strip().startswith("//"))
-                assert "_UNSPECIFIED = 0" in first_value, f"{proto.name}: {line} zero value is {first_value.strip()}"
+                first_value = next(v for v in lines[i + 1 :] if "=" in v and not v.strip().startswith("//"))
+                assert "_UNSPECIFIED = 0" in first_value, (
+                    f"{proto.name}: {line} zero value is {first_value.strip()}"
+                )
 
 
 def test_every_rpc_has_its_own_request_and_response():

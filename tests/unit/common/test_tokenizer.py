@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rlrun.common.tokenizer import ChatMessage, CharTokenizer, load_tokenizer, render_chat
+from rlrun.common.tokenizer import CharTokenizer, ChatMessage, load_tokenizer, render_chat
 
 REPO = Path(__file__).resolve().parents[3]
 CHAR = REPO / "configs/tokenizer/char.json"

@@ -8,7 +8,12 @@ import torch
 
 from rlrun.common.config import ModelConfig
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import MAX_CHUNK_BYTES, WeightAssembler, broadcast_tensors, iter_update_messages
+from rlrun.common.model.weights import (
+    MAX_CHUNK_BYTES,
+    WeightAssembler,
+    broadcast_tensors,
+    iter_update_messages,
+)
 from rlrun.common.types import WireError
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,0 +1,1 @@
+"""`rlrun local`: the four services as local processes on loopback, supervised by one launcher."""

@@ -1,0 +1,154 @@
+"""`rlrun local CONFIG`: start inference, env-server(s), trainer and orchestrator as separate
+`rlrun serve` processes on port 0, wire their addresses through `--set`, follow the run
+through the orchestrator's status API, and shut everything down on finish, on Ctrl-C and
+when any child dies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rlrun.common.config import RunConfig
+from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
+from rlrun.local.processes import ChildFailed, ProcessGroup
+from rlrun.local.progress import RunProgress
+from rlrun.local.report import final_summary, write_reward_plot
+from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+TERMINAL = {orchestrator_pb2.RUN_PHASE_SUCCEEDED, orchestrator_pb2.RUN_PHASE_FAILED}
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _set(key: str, value) -> list[str]:
+    return ["--set", f"{key}={json.dumps(value)}"]
+
+
+class LocalRun:
+    def __init__(self, config: RunConfig, config_path: Path, overrides: list[str]):
+        self.config = config
+        self.config_path = Path(config_path)
+        self.overrides = list(overrides)
+        self.run_dir = config.run_dir
+        self.log_dir = self.run_dir / "logs"
+        self.group = ProcessGroup(_child_env())
+
+    def _serve_argv(self, service: str, extra_sets: list[str], *extra: str) -> list[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "rlrun.cli",
+            "serve",
+            service,
+            "--config",
+            str(self.config_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--log-dir",
+            str(self.log_dir),
+        ]
+        for override in self.overrides:
+            argv += ["--set", override]
+        return argv + extra_sets + list(extra)
+
+    def start_services(self) -> str:
+        """Starts every service in dependency order; returns the orchestrator's address."""
+        cfg = self.config
+        policy = self.group.start(
+            "inference", self._serve_argv("inference", []), self.log_dir / "inference.log"
+        )
+        sets = _set("inference.addresses", [policy.address])
+        for key, target in cfg.orchestrator.models.items():
+            if target.kind == "inference" and not target.addresses:
+                model_sets = _set("model.path", target.checkpoint) if target.checkpoint else []
+                child = self.group.start(
+                    f"inference-{key}",
+                    self._serve_argv("inference", model_sets),
+                    self.log_dir / f"inference-{key}.log",
+                )
+                sets += _set(f"orchestrator.models.{key}.addresses", [child.address])
+        for i, env in enumerate(cfg.orchestrator.train.env):
+            if env.address:
+                continue
+            child = self.group.start(
+                f"env-server-{env.key}",
+                self._serve_argv("env-server", [], "--env", env.key),
+                self.log_dir / f"env-server-{env.key}.log",
+            )
+            sets += _set(f"orchestrator.train.env.{i}.address", child.address)
+        trainer = self.group.start("trainer", self._serve_argv("trainer", sets), self.log_dir / "trainer.log")
+        sets += _set("trainer.address", trainer.address)
+        orchestrator = self.group.start(
+            "orchestrator", self._serve_argv("orchestrator", sets), self.log_dir / "orchestrator.log"
+        )
+        return orchestrator.address
+
+    async def follow(self, address: str, progress: RunProgress) -> orchestrator_pb2.GetRunStatusResponse:
+        options = ClientOptions.from_config(self.config.grpc)
+        await wait_for_health(address, options, timeout_s=120.0)
+        async with open_channel(address, options) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+            while True:
+                self.group.check_alive()
+                status = await stub.GetStatus(orchestrator_pb2.GetRunStatusRequest(), timeout=10.0)
+                progress.update(status)
+                if status.phase in TERMINAL:
+                    return status
+                await asyncio.sleep(0.25)
+
+
+def run_local(config: RunConfig, config_path: Path, overrides: list[str], progress: bool = True) -> int:
+    started = time.monotonic()
+    run = LocalRun(config, config_path, overrides)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / "resolved_config.json").write_text(config.model_dump_json(indent=2))
+    print(
+        f"rlrun local: {config.name} -> {run.run_dir} (command: rlrun local {shlex.quote(str(config_path))})",
+        file=sys.stderr,
+    )
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    bar = RunProgress(config, enabled=progress)
+    try:
+        address = run.start_services()
+        status = asyncio.run(run.follow(address, bar))
+    except ChildFailed as error:
+        bar.close()
+        print(f"rlrun local: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        bar.close()
+        print("rlrun local: interrupted; stopping all services", file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+        run.group.stop()
+        signal.signal(signal.SIGTERM, previous)
+    wall_s = time.monotonic() - started
+    plot = write_reward_plot(run.run_dir)
+    if plot is not None:
+        print(f"rlrun local: reward curve {plot}", file=sys.stderr)
+    if status.phase == orchestrator_pb2.RUN_PHASE_FAILED:
+        print(f"rlrun local: the run failed: {status.last_error}", file=sys.stderr)
+    summary = final_summary(run.run_dir, status, wall_s)
+    (run.run_dir / "local_summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary), flush=True)
+    return 0 if status.phase == orchestrator_pb2.RUN_PHASE_SUCCEEDED else 1

@@ -1,0 +1,132 @@
+"""Child service processes: start with port 0, read the address from the ready line,
+watch for deaths, and shut everything down so that no process is ever left behind."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY = re.compile(r"^rlrun (?P<service>[\w-]+) listening on (?P<host>[^\s:]+|\[[^\]]+\]):(?P<port>\d+)$")
+PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(RuntimeError):
+    """A service process died or never became ready; the message names it and its log."""
+
+
+def _die_with_parent() -> None:
+    # If the launcher is killed outright (SIGKILL), the kernel still stops its children.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    os.setpgrp()
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_file: Path
+    """The service's own log (it writes it); its stderr, tracebacks included, goes to `.stderr`."""
+    process: subprocess.Popen | None = None
+    address: str = ""
+    extra_output: list[str] = field(default_factory=list)
+
+    @property
+    def stderr_file(self) -> Path:
+        return self.log_file.with_suffix(".stderr")
+
+    def failure(self, what: str) -> ChildFailed:
+        return ChildFailed(
+            f"{self.name} {what}; its log is {self.log_file} (stderr: {self.stderr_file}). "
+            f"Last lines:\n{tail(self.stderr_file)}"
+        )
+
+
+class ProcessGroup:
+    """Every child the launcher started, stopped together in reverse start order."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.children: list[Child] = []
+
+    def start(self, name: str, argv: list[str], log_file: Path, ready_timeout_s: float = 180.0) -> Child:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        child = Child(name=name, argv=argv, log_file=log_file)
+        with child.stderr_file.open("ab") as stderr:
+            child.process = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                preexec_fn=_die_with_parent,
+                text=True,
+                bufsize=1,
+            )
+        self.children.append(child)
+        child.address = self._await_ready(child, ready_timeout_s)
+        return child
+
+    def _await_ready(self, child: Child, timeout_s: float) -> str:
+        assert child.process is not None and child.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        selector = selectors.DefaultSelector()
+        selector.register(child.process.stdout, selectors.EVENT_READ)
+        try:
+            while time.monotonic() < deadline:
+                if not selector.select(timeout=0.2):
+                    if child.process.poll() is not None:
+                        raise child.failure(
+                            f"exited with code {child.process.returncode} before it was ready"
+                        )
+                    continue
+                line = child.process.stdout.readline()
+                if not line:
+                    child.process.wait(timeout=5)
+                    raise child.failure(f"exited with code {child.process.returncode} before it was ready")
+                match = READY.match(line.strip())
+                if match:
+                    return f"{match['host']}:{match['port']}"
+                child.extra_output.append(line.rstrip())
+            raise child.failure(f"printed no ready line within {timeout_s:.0f} s")
+        finally:
+            selector.close()
+
+    def check_alive(self) -> None:
+        """Raises ChildFailed naming the first child that has exited."""
+        for child in self.children:
+            if child.process is not None and child.process.poll() is not None:
+                raise child.failure(f"exited unexpectedly with code {child.process.returncode}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        running = [c for c in reversed(self.children) if c.process is not None and c.process.poll() is None]
+        for child in running:
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in running:
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"rlrun: {child.name} did not stop within {grace_s:.0f} s; killing it", file=sys.stderr)
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        for child in self.children:
+            if child.process is not None and child.process.stdout is not None:
+                child.process.stdout.close()
