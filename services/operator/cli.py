@@ -1,0 +1,105 @@
+"""`rlrun operator`: runs the kopf operator that reconciles RLRun resources.
+
+Module-level imports stay light; kopf and the handlers load inside `main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+ENV_IMAGES = {
+    "inference": "RLRUN_IMAGE_INFERENCE",
+    "env-server": "RLRUN_IMAGE_ENV_SERVER",
+    "orchestrator": "RLRUN_IMAGE_ORCHESTRATOR",
+    "trainer": "RLRUN_IMAGE_TRAINER",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch RLRuns in this namespace (repeatable; globs like 'team-*' work)",
+    )
+    scope.add_argument(
+        "--all-namespaces",
+        "-A",
+        action="store_true",
+        help="watch RLRuns in every namespace (default when no --namespace is given)",
+    )
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=8080,
+        help="serve kopf's liveness probe on http://0.0.0.0:PORT/healthz; 0 = off (default: 8080)",
+    )
+    parser.add_argument(
+        "--status-interval",
+        type=float,
+        default=float(os.environ.get("RLRUN_STATUS_INTERVAL", "10")),
+        metavar="SECONDS",
+        help="how often each run's orchestrator status is polled (default: 10, env RLRUN_STATUS_INTERVAL)",
+    )
+    parser.add_argument(
+        "--cluster-domain",
+        default=os.environ.get("RLRUN_CLUSTER_DOMAIN", "cluster.local"),
+        help="cluster DNS domain used in service addresses (default: cluster.local, env RLRUN_CLUSTER_DOMAIN)",
+    )
+    for component, env in ENV_IMAGES.items():
+        parser.add_argument(
+            f"--{component}-image",
+            default=os.environ.get(env),
+            metavar="IMAGE",
+            help=f"default {component} image for runs that set none (env {env})",
+        )
+    parser.add_argument(
+        "--image-pull-policy",
+        default=os.environ.get("RLRUN_IMAGE_PULL_POLICY") or None,
+        choices=["Always", "IfNotPresent", "Never"],
+        help="default imagePullPolicy of run pods (env RLRUN_IMAGE_PULL_POLICY)",
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+
+
+def options_from_args(args: argparse.Namespace):
+    from rlrun.operator.handlers import OperatorOptions
+    from rlrun.operator.reconcile import Defaults
+
+    images = dict(Defaults().images)
+    for component in ENV_IMAGES:
+        value = getattr(args, f"{component.replace('-', '_')}_image", None)
+        if value:
+            images[component] = value
+    defaults = Defaults(images=images, cluster_domain=args.cluster_domain, pull_policy=args.image_pull_policy)
+    return OperatorOptions(defaults=defaults, status_interval_s=args.status_interval)
+
+
+def main(args: argparse.Namespace) -> int:
+    import logging
+
+    import kopf
+
+    from rlrun.operator.handlers import build_registry, configure_settings
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = options_from_args(args)
+    settings = configure_settings(kopf.OperatorSettings(), options)
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    namespaces = list(args.namespace)
+    kopf.run(
+        registry=build_registry(options),
+        settings=settings,
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+    )
+    return 0

@@ -1,0 +1,244 @@
+"""The run file an RLRun's pods read: the user's config plus what only the operator knows.
+
+The user's TOML (`spec.config`) or structured config (`spec.configSpec`) is validated with the
+same pydantic model the services use. The operator then fills in the cluster addresses
+(`inference.addresses`, `trainer.address`, `orchestrator.address`, each env's `address`), the
+output folder on the checkpoint volume, GPU devices, TLS/token file paths and the spec's
+overrides, validates again and renders TOML with `tomli_w`. Keys the user did not write stay
+unwritten, so the ConfigMap reads like the user's file.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+import tomli_w
+
+from rlrun.common.config import ConfigError, RunConfig, resolve_config, translate_deprecated
+from rlrun.operator.spec import RLRunSpec
+
+GRPC_PORT = 50051
+METRICS_PORT = 9090
+RDZV_PORT = 29400
+CONFIG_DIR = "/etc/rlrun"
+CONFIG_FILE = "config.toml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+TLS_DIR = f"{CONFIG_DIR}/tls"
+AUTH_DIR = f"{CONFIG_DIR}/auth"
+AUTH_FILE = f"{AUTH_DIR}/token"
+DEFAULT_ENV_SERVER = ""
+"""Key of the env-server the operator adds for environments nobody else hosts."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a run lives: used to build in-cluster DNS names."""
+
+    name: str
+    namespace: str
+    domain: str = "cluster.local"
+
+    def host(self, service: str, pod: str | None = None) -> str:
+        base = f"{service}.{self.namespace}.svc.{self.domain}"
+        return f"{pod}.{base}" if pod else base
+
+    def child(self, suffix: str) -> str:
+        return f"{self.name}-{suffix}"
+
+
+def inference_name(cluster: Cluster) -> str:
+    return cluster.child("inference")
+
+
+def model_server_name(cluster: Cluster, key: str) -> str:
+    return cluster.child(f"model-{dns_part(key)}")
+
+
+def trainer_name(cluster: Cluster) -> str:
+    return cluster.child("trainer")
+
+
+def orchestrator_name(cluster: Cluster) -> str:
+    return cluster.child("orchestrator")
+
+
+def env_server_name(cluster: Cluster, server: str) -> str:
+    return cluster.child("env") if server == DEFAULT_ENV_SERVER else cluster.child(f"env-{server}")
+
+
+def dns_part(text: str) -> str:
+    """A lower-case DNS-label fragment of `text` (e.g. an orchestrator.models key)."""
+    out = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    return out[:20].strip("-") or "x"
+
+
+@dataclass
+class EnvServerPlan:
+    """One env-server the operator runs, and the environments (keys) it hosts."""
+
+    key: str  # spec name, or DEFAULT_ENV_SERVER
+    envs: list[str]
+    image: str | None = None
+    replicas: int = 1
+
+
+@dataclass
+class ModelServerPlan:
+    """An extra inference server for a fixed model target of `orchestrator.models`."""
+
+    key: str
+    checkpoint: str | None
+
+
+@dataclass
+class RenderedConfig:
+    toml: str
+    config: RunConfig
+    env_servers: list[EnvServerPlan]
+    model_servers: list[ModelServerPlan]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _raw_config(spec: RLRunSpec) -> dict[str, Any]:
+    if spec.config is not None:
+        try:
+            return tomllib.loads(spec.config)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError("", f"spec.config is not valid TOML: {error}") from None
+    return copy.deepcopy(spec.config_spec or {})
+
+
+def _strip_none(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip_none(v) for k, v in node.items() if v is not None}
+    if isinstance(node, list):
+        return [_strip_none(v) for v in node if v is not None]
+    return node
+
+
+def _validate(raw: dict[str, Any], where: str) -> tuple[RunConfig, list[str]]:
+    try:
+        return resolve_config(copy.deepcopy(raw))
+    except ConfigError as error:
+        path = f"{where}: {error.path}" if error.path else where
+        raise ConfigError(path, error.message) from None
+
+
+def _table(raw: dict[str, Any], *keys: str) -> dict[str, Any]:
+    node = raw
+    for key in keys:
+        node = node.setdefault(key, {})
+    return node
+
+
+def plan_env_servers(spec: RLRunSpec, config: RunConfig) -> tuple[dict[str, str], list[EnvServerPlan]]:
+    """Which server hosts each env: returns ({env key: external address}, managed servers).
+
+    Raises ConfigError for an env-server entry naming an environment the config lacks."""
+    keys = [env.key for env in config.orchestrator.train.env]
+    external: dict[str, str] = {}
+    managed: list[EnvServerPlan] = []
+    hosted: set[str] = set()
+    for server in spec.env_servers:
+        for env in server.hosted_envs:
+            if env not in keys:
+                raise ConfigError(
+                    f"spec.envServers[{server.name}]",
+                    f"hosts environment {env!r}, which is not in orchestrator.train.env (known: {keys})",
+                )
+            if env in hosted:
+                raise ConfigError(f"spec.envServers[{server.name}]", f"environment {env!r} is hosted twice")
+            hosted.add(env)
+        if server.external:
+            external.update({env: server.address for env in server.hosted_envs})
+        else:
+            managed.append(EnvServerPlan(server.name, server.hosted_envs, server.image, server.replicas or 1))
+    rest = [env.key for env in config.orchestrator.train.env if env.key not in hosted and env.address is None]
+    if rest:
+        managed.append(EnvServerPlan(DEFAULT_ENV_SERVER, rest))
+    return external, managed
+
+
+def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
+    """Validates the user's config and renders the run file for the pods. Raises ConfigError
+    (its path names `spec.config` / `spec.configSpec` and the key at fault)."""
+    where = "spec.config" if spec.config is not None else "spec.configSpec"
+    raw = _strip_none(_raw_config(spec))
+    if not isinstance(raw, dict):
+        raise ConfigError(where, "must be a table")
+    config, warnings = _validate(raw, where)
+    translate_deprecated(raw)  # canonical spellings from here on (warnings already collected)
+
+    external, managed = plan_env_servers(spec, config)
+    model_servers = [
+        ModelServerPlan(key, target.checkpoint)
+        for key, target in config.orchestrator.models.items()
+        if target.kind == "inference" and not target.addresses
+    ]
+
+    mount = spec.storage.mount_path if spec.storage else "/data"
+    raw["output_dir"] = f"{mount.rstrip('/')}/{cluster.name}"
+
+    inference = _table(raw, "inference")
+    if spec.inference.engine is not None:
+        inference["engine"] = spec.inference.engine
+    engine = inference.get("engine", config.inference.engine)
+    gpus = spec.inference.gpus_per_replica
+    if gpus and engine == "torch" and "device" not in inference:
+        inference["device"] = "cuda"
+    if gpus > 1 and engine == "vllm" and "tensor_parallel_size" not in inference.get("vllm", {}):
+        _table(inference, "vllm")["tensor_parallel_size"] = gpus
+    if spec.inference.http_port is not None:
+        inference["http_port"] = spec.inference.http_port
+    service = inference_name(cluster)
+    inference["addresses"] = [
+        f"{cluster.host(service, f'{service}-{i}')}:{GRPC_PORT}" for i in range(spec.inference.replicas)
+    ]
+
+    trainer = _table(raw, "trainer")
+    if spec.trainer.gpus_per_node and "device" not in trainer:
+        trainer["device"] = "cuda"
+    service = trainer_name(cluster)
+    trainer["address"] = f"{cluster.host(service, f'{service}-0')}:{GRPC_PORT}"
+
+    orchestrator = _table(raw, "orchestrator")
+    orchestrator["address"] = f"{cluster.host(orchestrator_name(cluster))}:{GRPC_PORT}"
+    server_of = {env: plan.key for plan in managed for env in plan.envs}
+    pools = {s.name: s.pool for s in spec.env_servers if s.pool is not None}
+    for env in orchestrator["train"]["env"]:
+        key = env.get("name") or env["id"]
+        if key in external:
+            env["address"] = external[key]
+        elif key in server_of:
+            server = server_of[key]
+            env["address"] = f"{cluster.host(env_server_name(cluster, server))}:{GRPC_PORT}"
+            if server in pools:
+                pool = pools[server]
+                env["pool"] = {
+                    k: v
+                    for k, v in {
+                        "type": pool.type,
+                        "num_workers": pool.num_workers,
+                        "max_workers": pool.max_workers,
+                        "multiplex": pool.multiplex,
+                    }.items()
+                    if v is not None
+                }
+    for plan in model_servers:
+        name = model_server_name(cluster, plan.key)
+        target = orchestrator["models"][plan.key]
+        target["addresses"] = [f"{cluster.host(name, f'{name}-0')}:{GRPC_PORT}"]
+
+    if spec.secrets.tls is not None:
+        tls = _table(raw, "grpc", "tls")
+        tls.setdefault("cert", f"{TLS_DIR}/tls.crt")
+        tls.setdefault("key", f"{TLS_DIR}/tls.key")
+        tls.setdefault("ca", f"{TLS_DIR}/ca.crt")
+    if spec.secrets.auth_token is not None:
+        _table(raw, "grpc").setdefault("auth_token_file", AUTH_FILE)
+
+    final, _ = _validate(raw, where)
+    return RenderedConfig(tomli_w.dumps(raw), final, managed, model_servers, warnings)

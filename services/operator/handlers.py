@@ -1,0 +1,270 @@
+"""kopf handlers for RLRun, kept thin: every decision lives in `reconcile` and `status`.
+
+- create / update / resume: apply the desired objects (create what is missing, merge-patch what
+  changed, delete what is no longer wanted) and write the status;
+- a timer: the same, plus one `OrchestratorService.GetStatus` call, so drift is repaired and
+  phase, step, policy version and reward stay current; it also enforces
+  `ttlSecondsAfterFinished`;
+- delete: removes the children (owner references would too, through the garbage collector),
+  then kopf releases the finalizer `rlrun.dev/finalizer`;
+- a liveness probe (`rlrun operator --liveness-port`).
+
+`build_registry(options)` returns a fresh registry, so tests run the real handlers against an
+API emulator with a stand-in orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
+from rlrun.operator.reconcile import Defaults, desired_state
+from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
+from rlrun.operator.status import (
+    TERMINAL,
+    Observation,
+    OrchestratorReport,
+    build_status,
+    is_finished,
+    status_patch,
+    transition_events,
+    ttl_expired,
+    workload_state,
+)
+from rlrun.operator.status_client import client_options, fetch_status
+
+log = logging.getLogger("rlrun.operator")
+
+DEFAULT_STATUS_ADDRESS = "{name}-orchestrator.{namespace}.svc.{domain}:50051"
+
+
+def default_api_client() -> Any:
+    """An ApiClient from the in-cluster service account, else from the kubeconfig."""
+    import kubernetes
+
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+@dataclass
+class OperatorOptions:
+    defaults: Defaults = field(default_factory=Defaults)
+    status_interval_s: float = 10.0
+    """How often each run's status is polled (and its objects re-checked)."""
+    status_timeout_s: float = 3.0
+    status_address: str = DEFAULT_STATUS_ADDRESS
+    """Where the orchestrator's status API is, with {name}, {namespace} and {domain}."""
+    api_client_factory: Callable[[], Any] = default_api_client
+    login: Callable[[], kopf.ConnectionInfo] | None = None
+    """A kopf login override (tests); None uses kopf's own (in-cluster or kubeconfig)."""
+    workdir: Path | None = None
+    """Where TLS material read from Secrets is written for the status client."""
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+
+
+def configure_settings(settings: kopf.OperatorSettings, options: OperatorOptions) -> kopf.OperatorSettings:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # The operator needs no cluster-wide CRD or Namespace access: the CRD is installed first.
+    settings.scanning.disabled = True
+    # Events come from kopf.event() on transitions, not from every log line of every tick.
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = True
+    return settings
+
+
+class _Runtime:
+    def __init__(self, options: OperatorOptions):
+        self.options = options
+        self._kube: Kube | None = None
+        self._lock = threading.Lock()
+        self.runs: set[tuple[str, str]] = set()
+
+    @property
+    def kube(self) -> Kube:
+        with self._lock:
+            if self._kube is None:
+                self._kube = Kube(self.options.api_client_factory())
+            return self._kube
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": dict(body.get("metadata") or {}),
+        "spec": _to_dict(body.get("spec") or {}),
+        "status": _to_dict(body.get("status") or {}),
+    }
+
+
+def _to_dict(value: Any) -> Any:
+    if hasattr(value, "items"):
+        return {k: _to_dict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_dict(v) for v in value]
+    return value
+
+
+async def _report(
+    runtime: _Runtime, run: dict[str, Any], spec: Any
+) -> tuple[OrchestratorReport | None, str | None]:
+    options = runtime.options
+    meta = run["metadata"]
+    address = options.status_address.format(
+        name=meta["name"], namespace=meta["namespace"], domain=options.defaults.cluster_domain
+    )
+    try:
+        client = None
+        if spec.secrets.tls is not None or spec.secrets.auth_token is not None:
+            client = await asyncio.to_thread(_client_options, runtime, meta["namespace"], spec)
+        return await fetch_status(address, options.status_timeout_s, client), None
+    except Exception as error:  # noqa: BLE001 - any failure means "no answer this time"
+        details = getattr(error, "details", None)
+        message = details() if callable(details) else str(error)
+        return None, f"orchestrator {address}: {message or type(error).__name__}"
+
+
+def _client_options(runtime: _Runtime, namespace: str, spec: Any) -> Any:
+    kube = runtime.kube
+    tls = token = None
+    if spec.secrets.tls is not None:
+        tls = kube.get("v1", "Secret", namespace, spec.secrets.tls.secret_name)
+    key = "token"
+    if spec.secrets.auth_token is not None:
+        token = kube.get("v1", "Secret", namespace, spec.secrets.auth_token.secret_name)
+        key = spec.secrets.auth_token.key
+    return client_options(runtime.options.status_timeout_s, tls, token, key, runtime.options.workdir)
+
+
+def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
+    kube = runtime.kube
+    meta = run["metadata"]
+    result = apply_objects(kube, objects)
+    return prune_objects(kube, meta["name"], meta["namespace"], meta["uid"], objects, result=result)
+
+
+async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.Logger, poll: bool) -> None:
+    """One reconcile pass; writes the whole status through `patch`."""
+    options = runtime.options
+    run = _plain(body)
+    meta, previous = run["metadata"], run["status"]
+    finished = is_finished(previous)
+    state = desired_state(run, options.defaults, finished=finished)
+    report = poll_error = None
+    polled = False
+    if poll and state.error is None and not finished and not state.spec.suspend:
+        polled = True
+        report, poll_error = await _report(runtime, run, state.spec)
+        if report is not None and report.run_phase in TERMINAL:
+            state = desired_state(run, options.defaults, finished=True)
+
+    live: dict = {}
+    if state.error is None:
+        try:
+            result = await asyncio.to_thread(_apply, runtime, run, state.objects)
+        except KubeError as error:
+            raise kopf.TemporaryError(
+                f"cannot reach the API: {error}", delay=options.status_interval_s
+            ) from error
+        live = result.live
+        if result.changed:
+            summary = "; ".join(
+                f"{what} {', '.join(items)}"
+                for what, items in (
+                    ("created", result.created),
+                    ("updated", result.updated),
+                    ("deleted", result.deleted),
+                )
+                if items
+            )
+            kopf.event(body, type="Normal", reason="Reconciled", message=summary[:1000])
+        for failure in result.failed:
+            kopf.event(body, type="Warning", reason="ApplyFailed", message=failure[:1000])
+    else:
+        logger.warning("invalid RLRun: %s", state.error)
+
+    now = options.clock()
+    observation = Observation(
+        generation=int(meta.get("generation") or 0),
+        now=now,
+        error=state.error_message,
+        suspended=bool(state.spec and state.spec.suspend),
+        workloads=[workload_state(w, live.get(("apps/v1", w.kind, w.name))) for w in state.workloads],
+        polled=polled,
+        report=report,
+        poll_error=poll_error,
+    )
+    new = build_status(previous, observation)
+    for kind, reason, message in transition_events(previous, new):
+        kopf.event(body, type=kind, reason=reason, message=message[:1000])
+    for key, value in status_patch(previous, new).items():
+        patch.status[key] = value
+
+    if poll and state.spec is not None and ttl_expired(new, state.spec.ttl_seconds_after_finished, now):
+        logger.info("ttlSecondsAfterFinished passed; deleting the run")
+        await asyncio.to_thread(
+            runtime.kube.delete, run["apiVersion"], run["kind"], meta["namespace"], meta["name"]
+        )
+
+
+def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegistry:
+    """A kopf registry with the RLRun handlers bound to `options`."""
+    options = options or OperatorOptions()
+    runtime = _Runtime(options)
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    if options.login is not None:
+        login = options.login
+
+        @kopf.on.login(registry=registry)
+        def _login(**_: Any) -> kopf.ConnectionInfo:
+            return login()
+
+    @kopf.on.resume(*resource, registry=registry, id="reconcile")
+    @kopf.on.create(*resource, registry=registry, id="reconcile")
+    @kopf.on.update(*resource, registry=registry, id="reconcile")
+    async def reconcile(body: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+        meta = body.get("metadata") or {}
+        runtime.runs.add((meta.get("namespace"), meta.get("name")))
+        await sync(runtime, body, patch, logger, poll=False)
+
+    @kopf.timer(
+        *resource, registry=registry, id="status", interval=options.status_interval_s, initial_delay=0
+    )
+    async def observe(body: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        await sync(runtime, body, patch, logger, poll=True)
+
+    @kopf.on.delete(*resource, registry=registry, id="cleanup")
+    async def cleanup(body: Any, logger: logging.Logger, **_: Any) -> None:
+        meta = body.get("metadata") or {}
+        result = await asyncio.to_thread(
+            prune_objects, runtime.kube, meta["name"], meta["namespace"], meta["uid"], []
+        )
+        runtime.runs.discard((meta.get("namespace"), meta.get("name")))
+        if result.deleted:
+            logger.info("deleted %s", ", ".join(result.deleted))
+
+    @kopf.on.probe(registry=registry, id="runs")
+    def runs(**_: Any) -> int:
+        return len(runtime.runs)
+
+    return registry

@@ -1,0 +1,229 @@
+"""A small, blocking Kubernetes REST layer over the `kubernetes` client's ApiClient, and the
+apply/prune steps of a reconcile.
+
+Objects are plain dicts. Paths are built from (apiVersion, kind) for the few kinds the operator
+touches, so no discovery round trips are needed. Updates are JSON merge patches; an object is
+patched only when the hash of its desired form (kept in the annotation `rlrun.dev/applied-hash`)
+changed, so server-side defaulting never causes endless patching.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlrun.operator.reconcile import OWNED_KINDS, RUN_LABEL, content_hash, object_key
+
+log = logging.getLogger("rlrun.operator.kube")
+
+APPLIED_HASH = "rlrun.dev/applied-hash"
+PLURALS = {
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Service"): "services",
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Secret"): "secrets",
+    ("v1", "Event"): "events",
+    ("apps/v1", "Deployment"): "deployments",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("rlrun.dev/v1alpha1", "RLRun"): "rlruns",
+}
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, reason: str, body: str = ""):
+        try:
+            message = json.loads(body).get("message") or reason
+        except (ValueError, AttributeError):
+            message = reason
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def resource_path(
+    api_version: str, kind: str, namespace: str, name: str | None = None, subresource: str = ""
+) -> str:
+    plural = PLURALS[(api_version, kind)]
+    prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
+
+
+class Kube:
+    """Blocking calls (run them in a thread from async code)."""
+
+    def __init__(self, api_client: Any, timeout_s: float = 30.0):
+        self.api = api_client
+        self.timeout_s = timeout_s
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        method_, url, headers, body, post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            method_, url, header_params=headers, body=body, post_params=post, _request_timeout=self.timeout_s
+        )
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise KubeError(
+                response.status, response.reason or "", data.decode(errors="replace") if data else ""
+            )
+        return json.loads(data) if data else None
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", resource_path(api_version, kind, namespace, name))
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list(
+        self, api_version: str, kind: str, namespace: str, label_selector: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in label_selector.items())
+        result = self._call(
+            "GET", resource_path(api_version, kind, namespace), query={"labelSelector": selector}
+        )
+        items = (result or {}).get("items") or []
+        # The selector is applied here too (some API emulators ignore it).
+        return [
+            item
+            for item in items
+            if all(
+                ((item.get("metadata") or {}).get("labels") or {}).get(k) == v
+                for k, v in label_selector.items()
+            )
+        ]
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return self._call("POST", resource_path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj)
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        path = resource_path(api_version, kind, namespace, name, subresource)
+        return self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        try:
+            self._call(
+                "DELETE",
+                resource_path(api_version, kind, namespace, name),
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+            )
+            return True
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+
+
+@dataclass
+class ApplyResult:
+    live: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.deleted)
+
+
+def _label(obj: dict[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def apply_objects(
+    kube: Kube, desired: list[dict[str, Any]], result: ApplyResult | None = None
+) -> ApplyResult:
+    """Create what is missing and merge-patch what changed. An object that cannot be patched
+    (e.g. an immutable field) is reported in `failed` and left as it is."""
+    result = result or ApplyResult()
+    for obj in desired:
+        digest = content_hash(obj)
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest
+        api_version, kind, name = object_key(obj)
+        namespace = obj["metadata"]["namespace"]
+        try:
+            live = kube.get(api_version, kind, namespace, name)
+            if live is None:
+                live = kube.create(obj)
+                result.created.append(_label(obj))
+            elif ((live.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH) != digest:
+                live = kube.patch(api_version, kind, namespace, name, obj)
+                result.updated.append(_label(obj))
+        except KubeError as error:
+            log.warning("cannot apply %s: %s", _label(obj), error)
+            result.failed.append(f"{_label(obj)}: {error.message}")
+            continue
+        result.live[object_key(obj)] = live
+    return result
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def prune_objects(
+    kube: Kube,
+    run_name: str,
+    namespace: str,
+    uid: str,
+    keep: list[dict[str, Any]],
+    kinds=OWNED_KINDS,
+    result: ApplyResult | None = None,
+) -> ApplyResult:
+    """Delete objects this run owns (by label and owner uid) that are not in `keep`."""
+    result = result or ApplyResult()
+    wanted = {object_key(obj) for obj in keep}
+    for api_version, kind in kinds:
+        try:
+            items = kube.list(api_version, kind, namespace, {RUN_LABEL: run_name})
+        except KubeError as error:
+            result.failed.append(f"list {kind}: {error.message}")
+            continue
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+            if not owned_by(item, uid) or object_key(item) in wanted:
+                continue
+            try:
+                if kube.delete(api_version, kind, namespace, item["metadata"]["name"]):
+                    result.deleted.append(_label(item))
+            except KubeError as error:
+                result.failed.append(f"delete {_label(item)}: {error.message}")
+    return result

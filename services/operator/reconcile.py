@@ -1,0 +1,730 @@
+"""Pure reconciliation: an RLRun (as a dict) -> the Kubernetes objects it should own.
+
+Nothing here talks to the API server, so every decision is unit-testable:
+
+- a ConfigMap `<run>-config` with the rendered run file (`config.toml`);
+- headless Services (per-pod DNS; the trainer's also publishes not-ready addresses for the
+  torchrun rendezvous);
+- inference replicas as a StatefulSet (stable per-pod addresses for `inference.addresses`),
+  with `nvidia.com/gpu` limits; one more single-replica StatefulSet per fixed model target of
+  `orchestrator.models` that has no addresses;
+- env-server Deployments (one per managed `spec.envServers` entry, plus a default one for
+  environments nobody else hosts);
+- the orchestrator Deployment (one pod, Recreate);
+- the trainer StatefulSet: `rlrun serve trainer` on one node, `torchrun` beyond (c10d
+  rendezvous on pod 0, so that torch's rank order, sorted by `--local-addr`, puts rank 0 -
+  the pod that serves gRPC - on pod 0);
+- the checkpoint PVC.
+
+Every object carries the owner reference to the RLRun and `app.kubernetes.io/*` labels. With
+`suspend: true`, or once the run has finished, the workloads are left out (their pods go away),
+while the PVC, ConfigMap and Services stay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlrun.common.config import ConfigError
+from rlrun.operator.config import (
+    AUTH_DIR,
+    CONFIG_DIR,
+    CONFIG_FILE,
+    CONFIG_PATH,
+    GRPC_PORT,
+    METRICS_PORT,
+    RDZV_PORT,
+    TLS_DIR,
+    Cluster,
+    RenderedConfig,
+    env_server_name,
+    inference_name,
+    model_server_name,
+    orchestrator_name,
+    render_config,
+    trainer_name,
+)
+from rlrun.operator.spec import (
+    API_VERSION,
+    DNS_LABEL,
+    KIND,
+    MAX_RUN_NAME,
+    Placement,
+    Resources,
+    RLRunSpec,
+    SpecError,
+    parse_spec,
+)
+
+GPU = "nvidia.com/gpu"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RUN_LABEL = "rlrun.dev/run"
+ENV_SERVER_LABEL = "rlrun.dev/env-server"
+MODEL_LABEL = "rlrun.dev/model"
+CONFIG_HASH_ANNOTATION = "rlrun.dev/config-hash"
+MANAGED_BY = "rlrun-operator"
+RUN_AS = 10001
+CACHE_DIR = "/var/cache/rlrun"
+
+INFERENCE, ENV_SERVER, ORCHESTRATOR, TRAINER, MODEL_SERVER = (
+    "inference",
+    "env-server",
+    "orchestrator",
+    "trainer",
+    "model-server",
+)
+WORKLOAD_KINDS = (("apps/v1", "StatefulSet"), ("apps/v1", "Deployment"))
+OWNED_KINDS = (
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("v1", "PersistentVolumeClaim"),
+    *WORKLOAD_KINDS,
+)
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Operator-wide settings (chart values): default images and the cluster DNS domain."""
+
+    images: dict[str, str] = field(
+        default_factory=lambda: {
+            INFERENCE: "ghcr.io/rlrun/rlrun-inference:0.1.0",
+            ENV_SERVER: "ghcr.io/rlrun/rlrun-env-server:0.1.0",
+            ORCHESTRATOR: "ghcr.io/rlrun/rlrun-orchestrator:0.1.0",
+            TRAINER: "ghcr.io/rlrun/rlrun-trainer:0.1.0",
+        }
+    )
+    cluster_domain: str = "cluster.local"
+    pull_policy: str | None = None
+
+
+@dataclass
+class Workload:
+    """A workload the run owns and how many ready pods it needs."""
+
+    component: str
+    kind: str
+    name: str
+    replicas: int
+    min_ready: int
+
+
+@dataclass
+class DesiredState:
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
+    rendered: RenderedConfig | None = None
+    spec: RLRunSpec | None = None
+    error: ConfigError | SpecError | None = None
+    """Set when the spec or config is unusable; then `objects` is empty and nothing is applied."""
+
+    @property
+    def error_message(self) -> str | None:
+        return None if self.error is None else str(self.error)
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
+
+
+def content_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+class _Builder:
+    def __init__(self, run: dict[str, Any], spec: RLRunSpec, rendered: RenderedConfig, defaults: Defaults):
+        meta = run["metadata"]
+        self.run = run
+        self.spec = spec
+        self.rendered = rendered
+        self.defaults = defaults
+        self.cluster = Cluster(meta["name"], meta["namespace"], defaults.cluster_domain)
+        self.owner = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        self.config_hash = content_hash(rendered.toml)
+        self.tls = spec.secrets.tls is not None
+
+    # --- metadata ---------------------------------------------------------------------------
+
+    def selector(self, component: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "rlrun",
+            "app.kubernetes.io/instance": self.cluster.name,
+            "app.kubernetes.io/component": component,
+            **(extra or {}),
+        }
+
+    def labels(
+        self, component: str, extra: dict[str, str] | None = None, workload: bool = False
+    ) -> dict[str, str]:
+        labels = {
+            **self.selector(component, extra),
+            "app.kubernetes.io/part-of": "rlrun",
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            RUN_LABEL: self.cluster.name,
+        }
+        if workload and self.spec.queue_name:
+            labels[KUEUE_QUEUE_LABEL] = self.spec.queue_name
+        return labels
+
+    def metadata(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.cluster.namespace,
+            "labels": dict(labels),
+            "ownerReferences": [dict(self.owner)],
+        }
+
+    # --- pods -------------------------------------------------------------------------------
+
+    def image(self, component: str, override: str | None = None) -> str:
+        images = self.spec.images
+        chosen = {
+            INFERENCE: images.inference,
+            MODEL_SERVER: images.inference,
+            ENV_SERVER: images.env_server,
+            ORCHESTRATOR: images.orchestrator,
+            TRAINER: images.trainer,
+        }[component]
+        key = INFERENCE if component == MODEL_SERVER else component
+        return override or chosen or self.defaults.images[key]
+
+    def probe(self, kind: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+        # kubelet's gRPC probes speak plaintext only; with TLS on, probe the port instead.
+        action = {"tcpSocket": {"port": GRPC_PORT}} if self.tls else {"grpc": {"port": GRPC_PORT}}
+        probe = {**action, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
+        if kind == "readiness":
+            probe["successThreshold"] = 1
+        return probe
+
+    def placement(
+        self, component_placement: Placement | None, selector: dict[str, str], gpus: int
+    ) -> dict[str, Any]:
+        base = self.spec.placement
+        own = component_placement or Placement()
+        pod: dict[str, Any] = {}
+        node_selector = {**base.node_selector, **own.node_selector}
+        if node_selector:
+            pod["nodeSelector"] = node_selector
+        tolerations = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in [*base.tolerations, *own.tolerations]
+        ]
+        if gpus:
+            tolerations.append({"key": GPU, "operator": "Exists", "effect": "NoSchedule"})
+        unique: list[dict[str, Any]] = []
+        for toleration in tolerations:
+            if toleration not in unique:
+                unique.append(toleration)
+        if unique:
+            pod["tolerations"] = unique
+        affinity = own.affinity if own.affinity is not None else base.affinity
+        if affinity:
+            pod["affinity"] = affinity
+        spread = own.topology_spread or base.topology_spread
+        if spread:
+            constraints = []
+            for item in spread:
+                constraint = item.model_dump(by_alias=True, exclude_none=True)
+                constraint.setdefault("labelSelector", {"matchLabels": dict(selector)})
+                constraints.append(constraint)
+            pod["topologySpreadConstraints"] = constraints
+        return pod
+
+    def resources(self, resources: Resources, gpus: int) -> dict[str, Any]:
+        requests = {k: v for k, v in resources.requests.items() if k != GPU}
+        limits = {k: v for k, v in resources.limits.items() if k != GPU}
+        if gpus:
+            limits[GPU] = gpus
+        out: dict[str, Any] = {}
+        if requests:
+            out["requests"] = requests
+        if limits:
+            out["limits"] = limits
+        return out
+
+    def data_volume(self, use_claim: bool) -> dict[str, Any]:
+        storage = self.spec.storage
+        if storage is not None and use_claim:
+            claim = storage.existing_claim or self.cluster.child("checkpoints")
+            return {"name": "data", "persistentVolumeClaim": {"claimName": claim}}
+        return {"name": "data", "emptyDir": {}}
+
+    def pod_template(
+        self,
+        component: str,
+        selector: dict[str, str],
+        labels: dict[str, str],
+        command: list[str],
+        args: list[str],
+        *,
+        image: str,
+        resources: Resources,
+        placement: Placement | None,
+        gpus: int = 0,
+        ports: list[dict[str, Any]] = (),
+        probes: dict[str, dict[str, Any]] | None = None,
+        use_claim: bool = False,
+        grace_s: int = 30,
+    ) -> dict[str, Any]:
+        spec = self.spec
+        mount_path = spec.storage.mount_path if spec.storage else "/data"
+        volumes: list[dict[str, Any]] = [
+            {
+                "name": "config",
+                "configMap": {
+                    "name": self.cluster.child("config"),
+                    "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}],
+                },
+            },
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+            self.data_volume(use_claim),
+        ]
+        mounts: list[dict[str, Any]] = [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "data", "mountPath": mount_path},
+        ]
+        if gpus:
+            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+            mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        if spec.secrets.tls is not None:
+            volumes.append({"name": "tls", "secret": {"secretName": spec.secrets.tls.secret_name}})
+            mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        if spec.secrets.auth_token is not None:
+            token = spec.secrets.auth_token
+            volumes.append(
+                {
+                    "name": "auth",
+                    "secret": {
+                        "secretName": token.secret_name,
+                        "items": [{"key": token.key, "path": "token"}],
+                    },
+                }
+            )
+            mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
+        container: dict[str, Any] = {
+            "name": component,
+            "image": image,
+            "command": command,
+            "args": args,
+            "ports": [
+                {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+                {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+                *ports,
+            ],
+            "env": [
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "RLRUN_RUN", "value": self.cluster.name},
+                {"name": "HOME", "value": "/tmp"},
+                {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+                {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+            ],
+            "volumeMounts": mounts,
+            "securityContext": dict(RESTRICTED_CONTAINER),
+        }
+        pull_policy = spec.images.pull_policy or self.defaults.pull_policy
+        if pull_policy:
+            container["imagePullPolicy"] = pull_policy
+        container_resources = self.resources(resources, gpus)
+        if container_resources:
+            container["resources"] = container_resources
+        for kind, probe in (probes or {}).items():
+            container[f"{kind}Probe"] = probe
+        pod_spec: dict[str, Any] = {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": dict(RESTRICTED_POD),
+            "terminationGracePeriodSeconds": grace_s,
+            "containers": [container],
+            "volumes": volumes,
+            **self.placement(placement, selector, gpus),
+        }
+        if spec.service_account_name:
+            pod_spec["serviceAccountName"] = spec.service_account_name
+        if spec.priority_class_name:
+            pod_spec["priorityClassName"] = spec.priority_class_name
+        if spec.images.pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
+        return {
+            "metadata": {"labels": dict(labels), "annotations": {CONFIG_HASH_ANNOTATION: self.config_hash}},
+            "spec": pod_spec,
+        }
+
+    def serve_args(self, service: str) -> list[str]:
+        return [
+            "serve",
+            service,
+            "--config",
+            CONFIG_PATH,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(GRPC_PORT),
+            "--metrics-port",
+            str(METRICS_PORT),
+        ]
+
+    def model_probes(self) -> dict[str, dict[str, Any]]:
+        # Loading a large checkpoint can take many minutes: a long startup window, then tight probes.
+        return {
+            "startup": self.probe("startup", 10, 180),
+            "readiness": self.probe("readiness", 10, 3),
+            "liveness": self.probe("liveness", 20, 6),
+        }
+
+    def light_probes(self) -> dict[str, dict[str, Any]]:
+        return {
+            "startup": self.probe("startup", 5, 60),
+            "readiness": self.probe("readiness", 10, 3),
+            "liveness": self.probe("liveness", 20, 6),
+        }
+
+    # --- objects ----------------------------------------------------------------------------
+
+    def service(
+        self,
+        name: str,
+        component: str,
+        selector: dict[str, str],
+        labels: dict[str, str],
+        *,
+        extra_ports=(),
+        publish_not_ready=False,
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "clusterIP": "None",
+            "selector": dict(selector),
+            "ports": [
+                {
+                    "name": "grpc",
+                    "port": GRPC_PORT,
+                    "targetPort": "grpc",
+                    "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c",
+                },
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                *extra_ports,
+            ],
+        }
+        if publish_not_ready:
+            spec["publishNotReadyAddresses"] = True
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self.metadata(name, labels), "spec": spec}
+
+    def config_map(self) -> dict[str, Any]:
+        labels = self.labels("config")
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self.metadata(self.cluster.child("config"), labels),
+            "data": {CONFIG_FILE: self.rendered.toml},
+        }
+
+    def pvc(self) -> dict[str, Any] | None:
+        storage = self.spec.storage
+        if storage is None or storage.existing_claim:
+            return None
+        spec: dict[str, Any] = {
+            "accessModes": list(storage.access_modes),
+            "resources": {"requests": {"storage": storage.size}},
+        }
+        if storage.storage_class_name:
+            spec["storageClassName"] = storage.storage_class_name
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": self.metadata(self.cluster.child("checkpoints"), self.labels("checkpoints")),
+            "spec": spec,
+        }
+
+    def stateful_set(self, name: str, replicas: int, selector, labels, template) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": self.metadata(name, labels),
+            "spec": {
+                "serviceName": name,
+                "replicas": replicas,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": dict(selector)},
+                "updateStrategy": {"type": "RollingUpdate"},
+                "template": template,
+            },
+        }
+
+    def deployment(
+        self, name: str, replicas: int, selector, labels, template, recreate: bool
+    ) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self.metadata(name, labels),
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": dict(selector)},
+                "strategy": {"type": "Recreate"} if recreate else {"type": "RollingUpdate"},
+                "template": template,
+            },
+        }
+
+    def inference(self, state: DesiredState, with_workloads: bool) -> None:
+        spec = self.spec.inference
+        name = inference_name(self.cluster)
+        selector = self.selector(INFERENCE)
+        state.objects.append(
+            self.service(name, INFERENCE, selector, self.labels(INFERENCE), extra_ports=self.http_ports())
+        )
+        if not with_workloads:
+            return
+        args = self.serve_args("inference")
+        ports = []
+        if spec.http_port is not None:
+            args += ["--http-port", str(spec.http_port)]
+            ports.append({"name": "http", "containerPort": spec.http_port, "protocol": "TCP"})
+        labels = self.labels(INFERENCE, workload=True)
+        template = self.pod_template(
+            INFERENCE,
+            selector,
+            labels,
+            ["rlrun"],
+            args,
+            image=self.image(INFERENCE),
+            resources=spec.resources,
+            placement=spec.placement,
+            gpus=spec.gpus_per_replica,
+            ports=ports,
+            probes=self.model_probes(),
+        )
+        state.objects.append(self.stateful_set(name, spec.replicas, selector, labels, template))
+        state.workloads.append(Workload(INFERENCE, "StatefulSet", name, spec.replicas, spec.replicas))
+
+    def http_ports(self) -> list[dict[str, Any]]:
+        port = self.spec.inference.http_port
+        if port is None:
+            return []
+        return [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+
+    def model_servers(self, state: DesiredState, with_workloads: bool) -> None:
+        spec = self.spec.inference
+        for plan in self.rendered.model_servers:
+            name = model_server_name(self.cluster, plan.key)
+            extra = {MODEL_LABEL: name.removeprefix(f"{self.cluster.name}-model-")}
+            selector = self.selector(MODEL_SERVER, extra)
+            state.objects.append(self.service(name, MODEL_SERVER, selector, self.labels(MODEL_SERVER, extra)))
+            if not with_workloads:
+                continue
+            args = self.serve_args("inference")
+            if plan.checkpoint:
+                args += ["--set", f"model.path={json.dumps(plan.checkpoint)}"]
+            labels = self.labels(MODEL_SERVER, extra, workload=True)
+            template = self.pod_template(
+                MODEL_SERVER,
+                selector,
+                labels,
+                ["rlrun"],
+                args,
+                image=self.image(MODEL_SERVER),
+                resources=spec.resources,
+                placement=spec.placement,
+                gpus=spec.gpus_per_replica,
+                probes=self.model_probes(),
+            )
+            state.objects.append(self.stateful_set(name, 1, selector, labels, template))
+            state.workloads.append(Workload(INFERENCE, "StatefulSet", name, 1, 1))
+
+    def env_servers(self, state: DesiredState, with_workloads: bool) -> None:
+        by_name = {server.name: server for server in self.spec.env_servers}
+        for plan in self.rendered.env_servers:
+            name = env_server_name(self.cluster, plan.key)
+            extra = {ENV_SERVER_LABEL: plan.key or "default"}
+            selector = self.selector(ENV_SERVER, extra)
+            state.objects.append(self.service(name, ENV_SERVER, selector, self.labels(ENV_SERVER, extra)))
+            if not with_workloads:
+                continue
+            server = by_name.get(plan.key)
+            args = self.serve_args("env-server")
+            for env in plan.envs:
+                args += ["--env", env]
+            labels = self.labels(ENV_SERVER, extra, workload=True)
+            template = self.pod_template(
+                ENV_SERVER,
+                selector,
+                labels,
+                ["rlrun"],
+                args,
+                image=self.image(ENV_SERVER, plan.image),
+                resources=server.resources if server else Resources(),
+                placement=server.placement if server else None,
+                probes=self.light_probes(),
+            )
+            state.objects.append(
+                self.deployment(name, plan.replicas, selector, labels, template, recreate=False)
+            )
+            state.workloads.append(Workload(ENV_SERVER, "Deployment", name, plan.replicas, plan.replicas))
+
+    def orchestrator(self, state: DesiredState, with_workloads: bool) -> None:
+        name = orchestrator_name(self.cluster)
+        selector = self.selector(ORCHESTRATOR)
+        state.objects.append(self.service(name, ORCHESTRATOR, selector, self.labels(ORCHESTRATOR)))
+        if not with_workloads:
+            return
+        storage = self.spec.storage
+        shared = storage is not None and "ReadWriteMany" in storage.access_modes
+        labels = self.labels(ORCHESTRATOR, workload=True)
+        template = self.pod_template(
+            ORCHESTRATOR,
+            selector,
+            labels,
+            ["rlrun"],
+            self.serve_args("orchestrator"),
+            image=self.image(ORCHESTRATOR),
+            resources=self.spec.orchestrator.resources,
+            placement=self.spec.orchestrator.placement,
+            probes=self.light_probes(),
+            use_claim=shared,
+        )
+        state.objects.append(self.deployment(name, 1, selector, labels, template, recreate=True))
+        state.workloads.append(Workload(ORCHESTRATOR, "Deployment", name, 1, 1))
+
+    def trainer_command(self) -> tuple[list[str], list[str]]:
+        spec = self.spec.trainer
+        serve = self.serve_args("trainer")
+        if spec.nodes == 1 and spec.gpus_per_node <= 1:
+            return ["rlrun"], serve
+        per_node = str(max(spec.gpus_per_node, 1))
+        if spec.nodes == 1:
+            return ["torchrun"], [
+                "--standalone",
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                per_node,
+                "-m",
+                "rlrun.cli",
+                *serve,
+            ]
+        name = trainer_name(self.cluster)
+        service = self.cluster.host(name)
+        return ["torchrun"], [
+            "--nnodes",
+            str(spec.nodes),
+            "--nproc-per-node",
+            per_node,
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{name}-0.{service}:{RDZV_PORT}",
+            "--rdzv-id",
+            f"{self.cluster.name}-{self.run['metadata']['uid'][:8]}",
+            "--local-addr",
+            f"$(POD_NAME).{service}",
+            "--max-restarts",
+            "3",
+            "-m",
+            "rlrun.cli",
+            *serve,
+        ]
+
+    def trainer(self, state: DesiredState, with_workloads: bool) -> None:
+        spec = self.spec.trainer
+        name = trainer_name(self.cluster)
+        selector = self.selector(TRAINER)
+        rdzv = [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}]
+        state.objects.append(
+            self.service(
+                name, TRAINER, selector, self.labels(TRAINER), extra_ports=rdzv, publish_not_ready=True
+            )
+        )
+        if not with_workloads:
+            return
+        command, args = self.trainer_command()
+        # Only rank 0 (pod 0) serves gRPC; probes on other pods of a multi-node trainer would
+        # restart them, so those get a readiness probe only (it marks rank 0's pod ready).
+        if spec.nodes == 1:
+            probes = self.model_probes()
+        else:
+            probes = {"readiness": self.probe("readiness", 10, 3)}
+        labels = self.labels(TRAINER, workload=True)
+        template = self.pod_template(
+            TRAINER,
+            selector,
+            labels,
+            command,
+            args,
+            image=self.image(TRAINER),
+            resources=spec.resources,
+            placement=spec.placement,
+            gpus=spec.gpus_per_node,
+            ports=[{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+            probes=probes,
+            use_claim=True,
+            grace_s=120,
+        )
+        state.objects.append(self.stateful_set(name, spec.nodes, selector, labels, template))
+        state.workloads.append(Workload(TRAINER, "StatefulSet", name, spec.nodes, 1))
+
+
+def _check_name(run: dict[str, Any]) -> None:
+    name = run["metadata"]["name"]
+    if len(name) > MAX_RUN_NAME or not re.match(DNS_LABEL, name):
+        raise SpecError(
+            "metadata.name",
+            f"{name!r} must be a DNS label starting with a letter, at most {MAX_RUN_NAME} characters",
+        )
+
+
+def desired_state(
+    run: dict[str, Any], defaults: Defaults = Defaults(), finished: bool = False
+) -> DesiredState:
+    """The objects an RLRun should own. `finished` (the run succeeded or failed) drops the
+    workloads as `suspend` does. An unusable spec or config yields `error` and no objects."""
+    state = DesiredState()
+    try:
+        _check_name(run)
+        spec = parse_spec(run.get("spec"))
+        meta = run["metadata"]
+        rendered = render_config(spec, Cluster(meta["name"], meta["namespace"], defaults.cluster_domain))
+    except (SpecError, ConfigError) as error:
+        state.error = error
+        return state
+    state.spec, state.rendered = spec, rendered
+    builder = _Builder(run, spec, rendered, defaults)
+    with_workloads = not (spec.suspend or finished)
+    pvc = builder.pvc()
+    if pvc is not None:
+        state.objects.append(pvc)
+    state.objects.append(builder.config_map())
+    builder.inference(state, with_workloads)
+    builder.model_servers(state, with_workloads)
+    builder.env_servers(state, with_workloads)
+    builder.orchestrator(state, with_workloads)
+    builder.trainer(state, with_workloads)
+    return state

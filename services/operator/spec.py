@@ -1,0 +1,394 @@
+"""The RLRun custom resource: its spec and status as pydantic models.
+
+These models are the single source of the CRD's OpenAPI schema (`python -m rlrun.operator.crd`)
+and of the operator's own validation. Field names are camelCase on the wire (Kubernetes style)
+and snake_case in Python. The run configuration itself (`spec.config` as TOML, or
+`spec.configSpec` as a structured object) is validated by the same pydantic model the services
+use, `rlrun.common.config.RunConfig`; see `rlrun.operator.config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "rlrun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLRun"
+PLURAL = "rlruns"
+SINGULAR = "rlrun"
+SHORT_NAMES = ["rlr"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+FINALIZER = f"{GROUP}/finalizer"
+
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
+CONDITION_TYPES = (
+    "ConfigValid",
+    "InferenceReady",
+    "EnvServersReady",
+    "TrainerReady",
+    "Progressing",
+    "Degraded",
+)
+
+MAX_RUN_NAME = 40
+"""Child names append suffixes such as `-inference-12`; pod host names must stay <= 63."""
+
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+Quantity = int | str
+
+
+class SpecError(ValueError):
+    """An RLRun spec the operator cannot use. `path` is the dotted camelCase path at fault."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Resources(_Model):
+    """Compute resources of one container (as in a Pod's `resources`)."""
+
+    requests: dict[str, Quantity] = {}
+    """Requested resources, e.g. {cpu: 4, memory: 16Gi}."""
+
+    limits: dict[str, Quantity] = {}
+    """Resource limits. GPU limits (`nvidia.com/gpu`) are set from the GPU counts, not here."""
+
+
+class Toleration(_Model):
+    """A Pod toleration."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class TopologySpread(_Model):
+    """A topology spread constraint; `labelSelector` defaults to the component's own pods."""
+
+    max_skew: int = Field(1, ge=1)
+    topology_key: str
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = "ScheduleAnyway"
+    label_selector: dict[str, Any] | None = None
+    """A label selector (matchLabels / matchExpressions). Default: the component's pods."""
+    min_domains: int | None = Field(None, ge=1)
+
+
+class Placement(_Model):
+    """Where pods go. Set globally (`spec.placement`) and per component; a component's
+    nodeSelector entries win over global ones, tolerations add up, and a component's affinity or
+    topologySpread replaces the global one."""
+
+    node_selector: dict[str, str] = {}
+    """Node labels the pods require."""
+
+    tolerations: list[Toleration] = Field(default=[], max_length=32)
+    """Taints the pods tolerate. GPU pods always tolerate `nvidia.com/gpu`."""
+
+    affinity: dict[str, Any] | None = None
+    """A Pod affinity (nodeAffinity, podAffinity, podAntiAffinity), passed through."""
+
+    topology_spread: list[TopologySpread] = Field(default=[], max_length=8)
+    """Topology spread constraints."""
+
+
+class Images(_Model):
+    """Container images per service. Unset images use the operator's defaults (chart values)."""
+
+    inference: str | None = None
+    env_server: str | None = None
+    orchestrator: str | None = None
+    trainer: str | None = None
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    pull_secrets: list[str] = Field(default=[], max_length=16)
+    """Names of image pull Secrets in the run's namespace."""
+
+
+class InferenceSpec(_Model):
+    """Inference replicas serving the live policy (a StatefulSet behind a headless Service)."""
+
+    replicas: int = Field(1, ge=1, le=256)
+    """Replicas; each is one address in `inference.addresses`. Default: 1."""
+
+    engine: Literal["torch", "vllm"] | None = None
+    """Overrides `inference.engine` of the run config. Default: the config's engine."""
+
+    gpus_per_replica: int = Field(0, ge=0, le=16)
+    """`nvidia.com/gpu` per replica; with vLLM also its tensor-parallel size. Default: 0 (CPU)."""
+
+    http_port: int | None = Field(None, ge=1024, le=65535)
+    """Serve the OpenAI-compatible HTTP API on this port. Default: off."""
+
+    resources: Resources = Resources()
+    placement: Placement | None = None
+
+
+class TrainerSpec(_Model):
+    """The trainer: one node, or several joined by torchrun (c10d rendezvous)."""
+
+    nodes: int = Field(1, ge=1, le=256)
+    """Trainer pods (torchrun nodes). Default: 1."""
+
+    gpus_per_node: int = Field(0, ge=0, le=16)
+    """`nvidia.com/gpu` per pod, and torchrun processes per node. Default: 0 (CPU)."""
+
+    resources: Resources = Resources()
+    placement: Placement | None = None
+
+
+class PoolSpec(_Model):
+    """Worker pool of an env-server; overrides `pool` of the environments it hosts."""
+
+    type: Literal["static", "elastic"] = "static"
+    num_workers: int = Field(1, ge=1, le=1024)
+    max_workers: int | None = Field(None, ge=1, le=1024)
+    multiplex: int | None = Field(None, ge=1, le=65536)
+
+
+class EnvServerSpec(_Model):
+    """An env-server: either one the operator runs (`image`, `replicas`, `pool`) or an external
+    one (`address` only)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.address) || (!has(self.image) && !has(self.replicas) && !has(self.pool))",
+                    "message": "an external env-server (address) takes no image, replicas or pool",
+                }
+            ]
+        }
+    )
+
+    name: str = Field(max_length=20, pattern=DNS_LABEL)
+    """Name of this env-server (a DNS label). Hosts the environment with this name (`name` or
+    `id` of an `[[orchestrator.train.env]]` entry) unless `envs` lists others."""
+
+    envs: list[str] = Field(default=[], max_length=64)
+    """Environments (by `name` or `id`) this server hosts. Default: [name]."""
+
+    address: str | None = Field(None, max_length=253)
+    """host:port of an external env-server; then the operator runs none."""
+
+    image: str | None = None
+    """Image of this env-server. Default: images.envServer."""
+
+    replicas: int | None = Field(None, ge=1, le=256)
+    """Pods of this env-server. Default: 1."""
+
+    pool: PoolSpec | None = None
+    resources: Resources = Resources()
+    placement: Placement | None = None
+
+    @model_validator(mode="after")
+    def _external_or_managed(self) -> EnvServerSpec:
+        if self.address is not None and (self.image or self.replicas or self.pool):
+            raise ValueError("an external env-server (address) takes no image, replicas or pool")
+        return self
+
+    @property
+    def external(self) -> bool:
+        return self.address is not None
+
+    @property
+    def hosted_envs(self) -> list[str]:
+        return list(self.envs) or [self.name]
+
+
+class OrchestratorSpec(_Model):
+    """The orchestrator (one pod)."""
+
+    resources: Resources = Resources()
+    placement: Placement | None = None
+
+
+class StorageSpec(_Model):
+    """Checkpoint storage: a new PersistentVolumeClaim (`size`) or an existing one
+    (`existingClaim`). It is mounted at `mountPath` in the trainer pods (and in the orchestrator
+    when ReadWriteMany); the run writes to `<mountPath>/<run name>`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.size) != has(self.existingClaim)",
+                    "message": "set exactly one of size and existingClaim",
+                }
+            ]
+        }
+    )
+
+    size: str | None = Field(None, pattern=QUANTITY)
+    """Size of the claim the operator creates, e.g. 100Gi."""
+
+    storage_class_name: str | None = None
+    """StorageClass of the claim. Default: the cluster's default class."""
+
+    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
+        default=["ReadWriteOnce"], min_length=1, max_length=3
+    )
+    """Access modes of the claim. A multi-node trainer needs ReadWriteMany. Default: [ReadWriteOnce]."""
+
+    existing_claim: str | None = None
+    """Use this existing claim instead of creating one (it is never deleted by the operator)."""
+
+    mount_path: str = Field("/data", pattern=r"^/.*")
+    """Where the volume is mounted. Default: /data."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StorageSpec:
+        if (self.size is None) == (self.existing_claim is None):
+            raise ValueError("set exactly one of size and existingClaim")
+        return self
+
+
+class TlsSecret(_Model):
+    """A Secret with `tls.crt`, `tls.key` and `ca.crt`, mounted into every service; the run
+    config's `grpc.tls.cert/key/ca` point at it."""
+
+    secret_name: str = Field(max_length=253)
+
+
+class TokenSecret(_Model):
+    """A Secret holding the bearer token every call carries (`grpc.auth_token_file`)."""
+
+    secret_name: str = Field(max_length=253)
+    key: str = "token"
+    """Key of the token in the Secret. Default: token."""
+
+
+class Secrets(_Model):
+    tls: TlsSecret | None = None
+    auth_token: TokenSecret | None = None
+
+
+class RLRunSpec(_Model):
+    """Desired state of an RL post-training run."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.config) != has(self.configSpec)",
+                    "message": "set exactly one of config and configSpec",
+                }
+            ]
+        }
+    )
+
+    config: str | None = Field(None, max_length=262144)
+    """The run configuration as inline TOML (the same file `rlrun local` reads)."""
+
+    config_spec: dict[str, Any] | None = None
+    """The run configuration as a structured object (the TOML's tables as YAML)."""
+
+    images: Images = Images()
+    inference: InferenceSpec = InferenceSpec()
+    trainer: TrainerSpec = TrainerSpec()
+
+    env_servers: list[EnvServerSpec] = Field(default=[], max_length=32)
+    """Env-servers. Environments not hosted here and without an `address` in the config are
+    hosted by one default env-server (image images.envServer)."""
+
+    orchestrator: OrchestratorSpec = OrchestratorSpec()
+    placement: Placement = Placement()
+    """Placement of every component (merged with each component's own)."""
+
+    storage: StorageSpec | None = None
+    """Checkpoint storage. Default: an emptyDir (checkpoints are lost with the pod)."""
+
+    suspend: bool = False
+    """true deletes the run's pods and keeps its PVC, ConfigMap and Services."""
+
+    queue_name: str | None = Field(None, max_length=63)
+    """Kueue LocalQueue; sets the label kueue.x-k8s.io/queue-name on every workload."""
+
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    """Delete the RLRun this long after it succeeded or failed. Default: keep it."""
+
+    service_account_name: str | None = Field(None, max_length=253)
+    """ServiceAccount of the run's pods. Default: the namespace's default account."""
+
+    priority_class_name: str | None = Field(None, max_length=253)
+    """PriorityClass of the run's pods."""
+
+    secrets: Secrets = Secrets()
+
+    @model_validator(mode="after")
+    def _checks(self) -> RLRunSpec:
+        if (self.config is None) == (self.config_spec is None):
+            raise ValueError("set exactly one of config and configSpec")
+        names = [server.name for server in self.env_servers]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"envServers names must be unique, got duplicates {duplicates}")
+        return self
+
+
+class Condition(_Model):
+    type: Literal[CONDITION_TYPES]  # type: ignore[valid-type]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class RLRunStatus(_Model):
+    """Observed state of the run, written by the operator."""
+
+    phase: Literal[PHASES] | None = None  # type: ignore[valid-type]
+    """Pending, Running, Succeeded, Failed or Suspended."""
+
+    message: str | None = None
+    observed_generation: int | None = None
+    step: int | None = None
+    """The orchestrator's RL step."""
+
+    max_steps: int | None = None
+    policy_version: int | None = None
+    reward: float | None = None
+    """Mean training reward of the last step."""
+
+    eval_reward: float | None = None
+    off_policy_lag: int | None = None
+    tokens_per_second: float | None = None
+    groups_dropped_stale: int | None = None
+    last_error: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    last_progress_time: str | None = None
+    """When the step last advanced."""
+
+    conditions: list[Condition] = []
+
+
+def parse_spec(spec: Any) -> RLRunSpec:
+    """Validates a raw spec dict; raises SpecError naming the camelCase field at fault."""
+    if not isinstance(spec, dict):
+        raise SpecError("spec", "must be an object")
+    try:
+        return RLRunSpec.model_validate(spec)
+    except ValidationError as error:
+        first = error.errors()[0]
+        path = ".".join(["spec", *(str(p) for p in first["loc"])])
+        message = first["msg"].removeprefix("Value error, ")
+        raise SpecError(path, message) from None

@@ -1,0 +1,338 @@
+"""Pure status mapping: what the operator observed -> `RLRun.status`.
+
+Inputs are the previous status, the readiness of the run's workloads and (when polled) the
+orchestrator's `GetStatus` answer. Output is the whole new status: `phase` (Pending, Running,
+Succeeded, Failed, Suspended), the conditions ConfigValid, InferenceReady, EnvServersReady,
+TrainerReady, Progressing and Degraded, `observedGeneration`, step, policy version, rewards and
+`lastError`. A run becomes finished (`completionTime` set) only when the orchestrator reports
+it succeeded or failed; that is sticky, and it is what frees the GPUs and starts
+`ttlSecondsAfterFinished`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlrun.operator.reconcile import ENV_SERVER, INFERENCE, TRAINER, Workload
+
+TERMINAL = ("Succeeded", "Failed")
+STALL_AFTER = dt.timedelta(minutes=15)
+"""No step progress for this long marks the run not Progressing (the chart's alert uses the same)."""
+
+_PHASE_OF = {
+    "RUN_PHASE_UNSPECIFIED": "Pending",
+    "RUN_PHASE_PENDING": "Pending",
+    "RUN_PHASE_WARMUP": "Running",
+    "RUN_PHASE_RUNNING": "Running",
+    "RUN_PHASE_STOPPING": "Running",
+    "RUN_PHASE_SUCCEEDED": "Succeeded",
+    "RUN_PHASE_FAILED": "Failed",
+}
+_COMPONENT_CONDITIONS = (
+    ("InferenceReady", INFERENCE),
+    ("EnvServersReady", ENV_SERVER),
+    ("TrainerReady", TRAINER),
+)
+
+
+def timestamp(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class OrchestratorReport:
+    """The fields of `rlrun.v1.GetRunStatusResponse` the status uses."""
+
+    phase: str = "RUN_PHASE_UNSPECIFIED"
+    step: int = 0
+    max_steps: int = 0
+    policy_version: int = 0
+    train_reward: float = 0.0
+    eval_reward: float = 0.0
+    off_policy_lag: int = 0
+    tokens_per_s: float = 0.0
+    last_error: str = ""
+    groups_dropped_stale: int = 0
+
+    @classmethod
+    def from_proto(cls, message: Any) -> OrchestratorReport:
+        from rlrun.v1 import orchestrator_pb2
+
+        return cls(
+            phase=orchestrator_pb2.RunPhase.Name(message.phase),
+            step=message.step,
+            max_steps=message.max_steps,
+            policy_version=message.policy_version,
+            train_reward=message.train_reward,
+            eval_reward=message.eval_reward,
+            off_policy_lag=message.off_policy_lag,
+            tokens_per_s=message.tokens_per_s,
+            last_error=message.last_error,
+            groups_dropped_stale=message.groups_dropped_stale,
+        )
+
+    @property
+    def run_phase(self) -> str:
+        return _PHASE_OF.get(self.phase, "Pending")
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    component: str
+    name: str
+    ready: int
+    replicas: int
+    min_ready: int
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ready >= self.min_ready
+
+
+def workload_state(workload: Workload, live: dict[str, Any] | None) -> WorkloadState:
+    """Readiness of one workload from its live object (None: not created yet)."""
+    ready = int(((live or {}).get("status") or {}).get("readyReplicas") or 0)
+    return WorkloadState(workload.component, workload.name, ready, workload.replicas, workload.min_ready)
+
+
+@dataclass
+class Observation:
+    generation: int
+    now: dt.datetime
+    error: str | None = None
+    """The spec or config error, when the run cannot be reconciled."""
+    suspended: bool = False
+    workloads: list[WorkloadState] = field(default_factory=list)
+    polled: bool = False
+    """Whether the orchestrator was asked this time (False: keep its previous answer)."""
+    report: OrchestratorReport | None = None
+    poll_error: str | None = None
+
+
+def is_finished(status: dict[str, Any] | None) -> bool:
+    status = status or {}
+    return bool(status.get("completionTime")) and status.get("phase") in TERMINAL
+
+
+def ttl_expired(status: dict[str, Any] | None, ttl_seconds: int | None, now: dt.datetime) -> bool:
+    if ttl_seconds is None or not is_finished(status):
+        return False
+    done = parse_timestamp((status or {}).get("completionTime"))
+    return done is not None and now >= done + dt.timedelta(seconds=ttl_seconds)
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def _phase(previous: dict[str, Any], obs: Observation, finished_before: bool) -> str:
+    if obs.error is not None:
+        return "Failed"
+    if finished_before:
+        return previous["phase"]
+    if obs.suspended:
+        return "Suspended"
+    if obs.polled:
+        if obs.report is not None:
+            return obs.report.run_phase
+        return "Running" if previous.get("phase") == "Running" else "Pending"
+    return previous.get("phase") if previous.get("phase") in ("Pending", "Running") else "Pending"
+
+
+def _condition(
+    previous: dict[str, dict[str, Any]],
+    kind: str,
+    ok: bool | None,
+    reason: str,
+    message: str,
+    obs: Observation,
+) -> dict[str, Any]:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    before = previous.get(kind)
+    changed = before is None or before.get("status") != status
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": timestamp(obs.now)
+        if changed
+        else before.get("lastTransitionTime", timestamp(obs.now)),
+        "observedGeneration": obs.generation,
+    }
+
+
+def build_status(previous: dict[str, Any] | None, obs: Observation) -> dict[str, Any]:
+    """The whole new status (camelCase keys; a None value means "remove the key")."""
+    previous = dict(previous or {})
+    finished_before = obs.error is None and is_finished(previous)
+    phase = _phase(previous, obs, finished_before)
+    status: dict[str, Any] = {
+        key: previous.get(key)
+        for key in (
+            "step",
+            "maxSteps",
+            "policyVersion",
+            "reward",
+            "evalReward",
+            "offPolicyLag",
+            "tokensPerSecond",
+            "groupsDroppedStale",
+            "lastError",
+            "startTime",
+            "completionTime",
+            "lastProgressTime",
+        )
+    }
+    status["phase"] = phase
+    status["observedGeneration"] = obs.generation
+    report = obs.report if (obs.polled and not finished_before) else None
+    if report is not None:
+        if previous.get("step") is None or report.step > int(previous.get("step") or 0):
+            status["lastProgressTime"] = timestamp(obs.now)
+        status.update(
+            step=report.step,
+            maxSteps=report.max_steps,
+            policyVersion=report.policy_version,
+            reward=_finite(report.train_reward),
+            evalReward=_finite(report.eval_reward),
+            offPolicyLag=report.off_policy_lag,
+            tokensPerSecond=_finite(report.tokens_per_s),
+            groupsDroppedStale=report.groups_dropped_stale,
+            lastError=report.last_error or None,
+        )
+    if phase == "Running" and not status.get("startTime"):
+        status["startTime"] = timestamp(obs.now)
+        status["lastProgressTime"] = status.get("lastProgressTime") or timestamp(obs.now)
+    if phase in TERMINAL and report is not None and not status.get("completionTime"):
+        status["completionTime"] = timestamp(obs.now)
+
+    before = {c["type"]: c for c in previous.get("conditions") or []}
+    finished = finished_before or bool(status.get("completionTime"))
+    conditions = []
+    if obs.error is not None:
+        conditions.append(_condition(before, "ConfigValid", False, "InvalidConfig", obs.error, obs))
+    else:
+        conditions.append(
+            _condition(before, "ConfigValid", True, "Valid", "spec and run config are valid", obs)
+        )
+    not_ready: list[str] = []
+    for kind, component in _COMPONENT_CONDITIONS:
+        states = [w for w in obs.workloads if w.component == component]
+        if obs.error is not None:
+            conditions.append(_condition(before, kind, False, "InvalidConfig", "nothing is deployed", obs))
+        elif finished:
+            conditions.append(_condition(before, kind, False, "Finished", f"the run {phase.lower()}", obs))
+        elif obs.suspended:
+            conditions.append(_condition(before, kind, False, "Suspended", "the run is suspended", obs))
+        elif not states:
+            conditions.append(_condition(before, kind, True, "External", "served outside this run", obs))
+        else:
+            ready = all(w.is_ready for w in states)
+            message = ", ".join(f"{w.name}: {w.ready}/{w.replicas} ready" for w in states)
+            conditions.append(_condition(before, kind, ready, "Ready" if ready else "NotReady", message, obs))
+            if not ready:
+                not_ready.append(kind.removesuffix("Ready"))
+
+    last_progress = parse_timestamp(status.get("lastProgressTime"))
+    if phase == "Running":
+        stalled = last_progress is not None and obs.now - last_progress >= STALL_AFTER
+        if stalled:
+            minutes = int((obs.now - last_progress).total_seconds() // 60)
+            conditions.append(
+                _condition(
+                    before, "Progressing", False, "Stalled", f"no step progress for {minutes} min", obs
+                )
+            )
+        else:
+            step = status.get("step")
+            message = f"step {step}/{status.get('maxSteps')}" if step is not None else "running"
+            conditions.append(_condition(before, "Progressing", True, "StepAdvancing", message, obs))
+    else:
+        conditions.append(_condition(before, "Progressing", False, phase, f"the run is {phase.lower()}", obs))
+
+    if phase == "Running" and obs.polled and obs.report is None:
+        degraded = (
+            True,
+            "OrchestratorUnreachable",
+            obs.poll_error or "the orchestrator status API does not answer",
+        )
+    elif phase == "Running" and not_ready:
+        degraded = (True, "ComponentsNotReady", "not ready: " + ", ".join(not_ready))
+    elif phase in ("Running", "Failed") and status.get("lastError"):
+        degraded = (True, "RunError", str(status["lastError"]))
+    elif obs.error is not None:
+        degraded = (True, "InvalidConfig", obs.error)
+    else:
+        degraded = (False, "Healthy", "")
+    conditions.append(_condition(before, "Degraded", *degraded, obs))
+    status["conditions"] = conditions
+
+    if obs.error is not None:
+        status["message"] = obs.error
+    elif phase == "Suspended":
+        status["message"] = "suspended: pods deleted, storage kept"
+    elif phase in TERMINAL:
+        status["message"] = status.get("lastError") or f"run {phase.lower()} at step {status.get('step')}"
+    elif phase == "Running":
+        status["message"] = f"step {status.get('step')}/{status.get('maxSteps')}"
+    else:
+        status["message"] = "waiting for the services to start"
+    return status
+
+
+def compact(status: dict[str, Any]) -> dict[str, Any]:
+    """`status` without None values (what the API server would store)."""
+    return {k: v for k, v in status.items() if v is not None}
+
+
+def status_patch(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch from `previous` to `new`: changed keys, and None for removed ones."""
+    previous = previous or {}
+    patch = {k: v for k, v in new.items() if v is not None and previous.get(k) != v}
+    patch.update({k: None for k, v in new.items() if v is None and previous.get(k) is not None})
+    return patch
+
+
+def transition_events(previous: dict[str, Any] | None, new: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Kubernetes Events (type, reason, message) for what changed between two statuses."""
+    previous = previous or {}
+    events: list[tuple[str, str, str]] = []
+    if previous.get("phase") != new.get("phase"):
+        kind = "Warning" if new.get("phase") == "Failed" else "Normal"
+        events.append(
+            (
+                kind,
+                new["phase"],
+                f"phase {previous.get('phase') or 'None'} -> {new['phase']}: {new.get('message') or ''}".strip(),
+            )
+        )
+    before = {c["type"]: c for c in previous.get("conditions") or []}
+    for condition in new.get("conditions") or []:
+        old = before.get(condition["type"])
+        if old is not None and old.get("status") == condition["status"]:
+            continue
+        bad = (condition["type"] == "Degraded" and condition["status"] == "True") or (
+            condition["type"] in ("ConfigValid", "Progressing")
+            and condition["status"] == "False"
+            and condition["reason"] in ("InvalidConfig", "Stalled")
+        )
+        if old is None and not bad:
+            continue  # the first status: only problems are worth an event
+        events.append(
+            (
+                "Warning" if bad else "Normal",
+                condition["reason"] or condition["type"],
+                f"{condition['type']}={condition['status']}: {condition['message']}".rstrip(": "),
+            )
+        )
+    return events
