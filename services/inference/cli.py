@@ -1,0 +1,34 @@
+"""`rlrun serve inference`: options and entry point. Imports stay light at module level
+(the CLI builds its parser from every service's `add_arguments`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rlrun.common.config import RunConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="port of the OpenAI-compatible HTTP API; 0 = OS-assigned (overrides inference.http_port)",
+    )
+    parser.add_argument(
+        "--require-version",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep health NOT_SERVING until a weight update of version >= N arrives",
+    )
+
+
+def main(config: RunConfig, args: argparse.Namespace) -> int:
+    from rlrun.common.service import serve_main
+    from rlrun.inference.service import setup
+    from rlrun.inference.servicer import SERVICE_NAME
+
+    return serve_main(
+        "inference", config, args, [SERVICE_NAME], setup, num_threads=config.inference.num_threads
+    )

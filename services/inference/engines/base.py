@@ -1,0 +1,131 @@
+"""The interface every generation engine implements, and the dataclasses it speaks.
+
+The gRPC servicer and the OpenAI-compatible app only ever talk to an `Engine`; proto
+messages stay at those boundaries.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from rlrun.common.types import SamplingParams
+from rlrun.v1 import weights_pb2
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class Completion:
+    """One sample of a request."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Per sampled token, under softmax(logits / T) (T = 1 for greedy), before top-k/top-p."""
+    finish_reason: FinishReason
+    policy_version_start: int
+    policy_version_end: int
+
+
+@dataclass
+class StreamDelta:
+    """New tokens of sample `index` since the previous delta; `finish_reason` on its last one."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class ScoreResult:
+    logprobs: list[float]
+    policy_version: int
+
+
+@dataclass
+class EngineStatus:
+    policy_version: int
+    running_requests: int
+    waiting_requests: int
+    tokens_per_s: float
+    paused: bool
+    model: str
+    engine: str
+    max_model_len: int
+
+
+class QueueFullError(Exception):
+    """More sequences are waiting than `inference.max_waiting` allows (RESOURCE_EXHAUSTED)."""
+
+
+class Engine(ABC):
+    """Generation, scoring and weight updates for one model replica.
+
+    Every method is called from the asyncio loop of the service. Requests are validated
+    by the caller (see `rlrun.inference.validation`) before they reach an engine.
+    """
+
+    name: str
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Loads the model; the engine serves once this returns."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Aborts whatever is in flight and releases the model."""
+
+    @property
+    @abstractmethod
+    def policy_version(self) -> int: ...
+
+    @abstractmethod
+    async def generate(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> list[Completion]:
+        """`params.n` completions of `prompt`. Cancelling the awaiting task frees the request's
+        batch slots at the next step boundary."""
+
+    @abstractmethod
+    def stream(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> AsyncIterator[list[StreamDelta]]:
+        """Like `generate`, but yields the new tokens of every sample as they are decoded.
+        Closing the iterator early aborts the request."""
+
+    @abstractmethod
+    async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
+        """Logprobs of token_ids[start:] given their prefixes, under softmax(logits / temperature)."""
+
+    @abstractmethod
+    def weight_specs(self) -> dict[str, torch.Tensor]:
+        """The tensors a weight update must carry, by Hugging Face name (dtype and shape are
+        what counts; the values may live on the meta device)."""
+
+    @abstractmethod
+    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        """Applies a complete, checked update atomically between two decode steps and sets
+        the policy version; returns the seconds the apply took. On any error nothing changes."""
+
+    @abstractmethod
+    async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
+        """Joins the NCCL group the header names (once) and receives the announced tensors from
+        rank 0 of it; applied atomically like `update_weights`."""
+
+    @abstractmethod
+    def status(self) -> EngineStatus: ...
+
+    @abstractmethod
+    async def pause(self) -> None:
+        """No decode step runs until `resume`; running requests are held, not aborted."""
+
+    @abstractmethod
+    async def resume(self) -> None: ...

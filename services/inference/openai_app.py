@@ -1,0 +1,274 @@
+"""The OpenAI-compatible HTTP API over an engine: /v1/models, /v1/completions,
+/v1/chat/completions (with `stream: true` as server-sent events) and /health.
+
+Errors use OpenAI's JSON shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a
+bad request (the `param` names the field), 429 when the waiting queue is full.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from rlrun.common.errors import RequestError
+from rlrun.common.tokenizer import Tokenizer
+from rlrun.inference.engines.base import Engine, QueueFullError, StreamDelta
+from rlrun.inference.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TextStream,
+    chat_body,
+    chat_prompt,
+    completion_body,
+    completion_prompt,
+    error_body,
+    new_id,
+    now,
+    sampling_params,
+    token_logprobs,
+)
+from rlrun.inference.validation import check_generate
+
+# Sampling fields are validated under this prefix, which OpenAI's `param` leaves out.
+_BODY = "body"
+
+
+def _bad_request(error: RequestError) -> JSONResponse:
+    param = error.field.removeprefix(f"{_BODY}.")
+    message = str(error.message).replace(f"{_BODY}.", "")
+    return JSONResponse(error_body(message, param), status_code=400)
+
+
+def _queue_full(error: QueueFullError) -> JSONResponse:
+    return JSONResponse(error_body(str(error), None, "rate_limit_error"), status_code=429)
+
+
+def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def lines():
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+def build_openai_app(
+    engine: Engine, tokenizer: Tokenizer, model_id: str, is_ready: Callable[[], bool]
+) -> FastAPI:
+    app = FastAPI(title="rlrun inference", description="OpenAI-compatible API over the live policy.")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != _BODY) or None
+        return JSONResponse(
+            error_body(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param),
+            status_code=400,
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(error.detail), None, kind), status_code=error.status_code)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = is_ready()
+        body = {"status": "ok" if ready else "not ready", "policy_version": engine.policy_version}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": model_id,
+            "object": "model",
+            "created": now(),
+            "owned_by": "rlrun",
+            "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        try:
+            prompt = completion_prompt(body, tokenizer)
+            max_tokens = 16 if body.max_tokens is None else body.max_tokens
+            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
+            check_generate(
+                prompt,
+                params,
+                vocab_size=engine.vocab_size,
+                max_model_len=engine.max_model_len,
+                prompt_field="prompt",
+                sampling_field=_BODY,
+            )
+        except RequestError as error:
+            return _bad_request(error)
+        try:
+            if body.stream:
+                return _sse(await _completion_chunks(engine, tokenizer, model_id, body, prompt, params))
+            result = await engine.generate(prompt, params)
+        except QueueFullError as error:
+            return _queue_full(error)
+        return completion_body(body, tokenizer, model_id, len(prompt), result)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        try:
+            prompt = chat_prompt(body, tokenizer)
+            max_tokens = (
+                body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            )
+            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
+            check_generate(
+                prompt,
+                params,
+                vocab_size=engine.vocab_size,
+                max_model_len=engine.max_model_len,
+                prompt_field="messages",
+                sampling_field=_BODY,
+            )
+        except RequestError as error:
+            return _bad_request(error)
+        try:
+            if body.stream:
+                return _sse(await _chat_chunks(engine, tokenizer, model_id, body, prompt, params))
+            result = await engine.generate(prompt, params)
+        except QueueFullError as error:
+            return _queue_full(error)
+        return chat_body(body, tokenizer, model_id, len(prompt), result)
+
+    return app
+
+
+async def _primed(
+    deltas: AsyncIterator[list[StreamDelta]],
+) -> tuple[list[StreamDelta], AsyncIterator[list[StreamDelta]]]:
+    """Waits for the first tokens, so that a full queue still becomes an error status rather
+    than a broken event stream."""
+    first = await anext(deltas, [])
+    return first, deltas
+
+
+async def _completion_chunks(
+    engine: Engine, tokenizer: Tokenizer, model_id: str, body: CompletionRequest, prompt: list[int], params
+) -> AsyncIterator[dict]:
+    first, rest = await _primed(engine.stream(prompt, params))
+    texts = [TextStream(tokenizer) for _ in range(params.n)]
+    ident, created = new_id("cmpl"), now()
+
+    async def chunks():
+        generated = 0
+        batch = first
+        while True:
+            for delta in batch:
+                generated += len(delta.token_ids)
+                logprobs = None
+                if body.logprobs is not None:
+                    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
+                    logprobs = {"tokens": tokens, "token_logprobs": delta.logprobs, "top_logprobs": None}
+                choice = {
+                    "index": delta.index,
+                    "text": texts[delta.index].push(delta.token_ids),
+                    "logprobs": logprobs,
+                    "finish_reason": delta.finish_reason,
+                }
+                yield {
+                    "id": ident,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model_id,
+                    "choices": [choice],
+                }
+            batch = await anext(rest, None)
+            if batch is None:
+                break
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield {
+                "id": ident,
+                "object": "text_completion",
+                "created": created,
+                "model": model_id,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": generated,
+                    "total_tokens": len(prompt) + generated,
+                },
+            }
+
+    return chunks()
+
+
+async def _chat_chunks(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model_id: str,
+    body: ChatCompletionRequest,
+    prompt: list[int],
+    params,
+) -> AsyncIterator[dict]:
+    first, rest = await _primed(engine.stream(prompt, params))
+    texts = [TextStream(tokenizer) for _ in range(params.n)]
+    ident, created = new_id("chatcmpl"), now()
+
+    def chunk(choices: list[dict], **extra) -> dict:
+        return {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model_id,
+            "choices": choices,
+            **extra,
+        }
+
+    async def chunks():
+        yield chunk(
+            [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for i in range(params.n)
+            ]
+        )
+        generated = 0
+        batch = first
+        while True:
+            for delta in batch:
+                generated += len(delta.token_ids)
+                logprobs = None
+                if body.logprobs:
+                    logprobs = {"content": token_logprobs(tokenizer, delta.token_ids, delta.logprobs)}
+                piece = texts[delta.index].push(delta.token_ids)
+                yield chunk(
+                    [
+                        {
+                            "index": delta.index,
+                            "delta": {"content": piece} if piece else {},
+                            "logprobs": logprobs,
+                            "finish_reason": delta.finish_reason,
+                        }
+                    ]
+                )
+            batch = await anext(rest, None)
+            if batch is None:
+                break
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield chunk(
+                [],
+                usage={
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": generated,
+                    "total_tokens": len(prompt) + generated,
+                },
+            )
+
+    return chunks()

@@ -1,0 +1,77 @@
+"""Batched sampling over one decode step's logits, with per-row settings.
+
+Order, as in transformers and vLLM: temperature, then top-k, then top-p over what top-k
+kept. The logprob returned for a sampled token is log softmax(logits / T) at that token,
+before top-k/top-p truncation (T = 1 for greedy rows): the distribution the trainer
+recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
+which draws exactly from the categorical and lets seeded rows draw their own noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """The sampling settings of one running sequence."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+    """Seeded requests draw from their own generator; others from the engine's."""
+
+
+class BatchSampler:
+    """Sampling settings of the running batch as tensors, rebuilt only when the batch changes."""
+
+    def __init__(self, rows: Sequence[RowSettings], device: torch.device | str = "cpu"):
+        temperature = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=device)
+        self.greedy = temperature == 0
+        self.all_greedy = bool(self.greedy.all())
+        self.any_greedy = bool(self.greedy.any())
+        self.temperature = torch.where(self.greedy, torch.ones_like(temperature), temperature)[:, None]
+        self.scaled = bool((self.temperature != 1).any())
+        self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
+        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
+        self.truncates = bool((self.top_k > 0).any() or (self.top_p < 1).any())
+        self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
+
+    def sample(
+        self, logits: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, V] -> (token ids [B], logprobs [B])."""
+        logits = logits.float()
+        scaled = logits / self.temperature if self.scaled else logits
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        if self.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            candidates = truncate(scaled, self.top_k, self.top_p) if self.truncates else logprobs
+            noise = torch.empty_like(candidates).exponential_(generator=generator)
+            for row, row_generator in self.seeded:
+                noise[row].exponential_(generator=row_generator)
+            tokens = (candidates - noise.log()).argmax(dim=-1)
+            if self.any_greedy:
+                tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
+        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+
+
+def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Logits with everything outside each row's top-k, then top-p nucleus, set to -inf.
+    top_k 0 keeps all; the most likely token always survives."""
+    ordered, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, vocab)[:, None]
+    ordered = ordered.masked_fill(ranks >= k, float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    # Rows without top-p skip the mask: float rounding can push the cumulative mass past 1.
+    outside = (mass_before >= top_p[:, None]) & (top_p < 1)[:, None]
+    ordered = ordered.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)

@@ -1,0 +1,85 @@
+"""The inference service assembled: engine, gRPC servicer, optional OpenAI-compatible HTTP
+app, and readiness. Health is SERVING once the model is loaded and, with `require_version`,
+only once weights of at least that version have arrived (a replaced replica waits for the
+trainer's next broadcast before it takes traffic)."""
+
+from __future__ import annotations
+
+import logging
+
+from rlrun.common.config import RunConfig
+from rlrun.common.grpc_server import GrpcServer
+from rlrun.common.service import ServiceContext
+from rlrun.common.tokenizer import load_tokenizer
+from rlrun.inference.engines import create_engine
+from rlrun.inference.engines.base import Engine
+from rlrun.inference.http_server import HttpServer
+from rlrun.inference.openai_app import build_openai_app
+from rlrun.inference.servicer import InferenceServicer
+from rlrun.v1 import inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class InferenceService:
+    def __init__(
+        self,
+        config: RunConfig,
+        grpc_server: GrpcServer,
+        *,
+        host: str = "127.0.0.1",
+        http_port: int | None = None,
+        require_version: int | None = None,
+        engine: Engine | None = None,
+    ):
+        self.config = config
+        self.grpc_server = grpc_server
+        self.host = host
+        self.http_port = http_port
+        self.require_version = require_version
+        self.engine = engine
+        self.http: HttpServer | None = None
+
+    def ready(self) -> bool:
+        return self.require_version is None or self.engine.policy_version >= self.require_version
+
+    def _on_weights_applied(self, version: int) -> None:
+        self.grpc_server.set_serving(self.ready())
+
+    async def start(self) -> None:
+        """Loads the model and registers the servicer; call before the gRPC server starts."""
+        if self.engine is None:
+            self.engine = create_engine(self.config)
+        await self.engine.start()
+        servicer = InferenceServicer(self.engine, self._on_weights_applied)
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
+        if self.http_port is not None:
+            tokenizer = load_tokenizer(self.config.model.tokenizer, self.config.model.path)
+            app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready)
+            self.http = HttpServer(app, self.host, self.http_port)
+            await self.http.start()
+            log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)
+        if not self.ready():
+            log.info("health stays NOT_SERVING until weights of version >= %d arrive", self.require_version)
+        self.grpc_server.set_serving(self.ready())
+
+    async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
+        if self.engine is not None:
+            await self.engine.stop()
+
+
+async def setup(ctx: ServiceContext):
+    """`serve_main`'s hook for `rlrun serve inference`."""
+    ctx.serving_on_start = False
+    http_port = ctx.args.http_port if ctx.args.http_port is not None else ctx.config.inference.http_port
+    service = InferenceService(
+        ctx.config,
+        ctx.server,
+        host=ctx.args.host,
+        http_port=http_port,
+        require_version=ctx.args.require_version,
+    )
+    await service.start()
+    return service.stop

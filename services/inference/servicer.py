@@ -1,0 +1,133 @@
+"""The gRPC InferenceService: proto in, engine call, proto out. All logic lives in the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from rlrun.common.errors import grpc_errors
+from rlrun.common.wire import sampling_from_proto
+from rlrun.inference import metrics
+from rlrun.inference.engines.base import Completion, Engine, QueueFullError
+from rlrun.inference.validation import check_score, check_token_ids
+from rlrun.inference.weight_stream import StreamBroken, receive_update
+from rlrun.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+
+_FINISH_TO_PB = {
+    "stop": inference_pb2.FINISH_REASON_STOP,
+    "length": inference_pb2.FINISH_REASON_LENGTH,
+    "abort": inference_pb2.FINISH_REASON_ABORT,
+}
+
+
+def completion_to_proto(completion: Completion) -> inference_pb2.Completion:
+    return inference_pb2.Completion(
+        token_ids=completion.token_ids,
+        logprobs=completion.logprobs,
+        finish_reason=_FINISH_TO_PB[completion.finish_reason],
+        policy_version_start=completion.policy_version_start,
+        policy_version_end=completion.policy_version_end,
+    )
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
+    def __init__(self, engine: Engine, on_weights_applied: Callable[[int], None] = lambda version: None):
+        self.engine = engine
+        self.on_weights_applied = on_weights_applied
+        # One update at a time: each holds a full copy of the weights while it assembles.
+        self._update_lock = asyncio.Lock()
+
+    @grpc_errors
+    async def Generate(self, request, context):
+        prompt = list(request.prompt_token_ids)
+        check_token_ids(prompt, "prompt_token_ids", self.engine.vocab_size, self.engine.max_model_len - 1)
+        params = sampling_from_proto(
+            request.sampling,
+            "sampling",
+            vocab_size=self.engine.vocab_size,
+            max_model_len=self.engine.max_model_len,
+            prompt_len=len(prompt),
+        )
+        try:
+            completions = await self.engine.generate(prompt, params, request.request_id)
+        except QueueFullError as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        return inference_pb2.GenerateResponse(
+            completions=[completion_to_proto(c) for c in completions], prompt_tokens=len(prompt)
+        )
+
+    @grpc_errors
+    async def Score(self, request, context):
+        token_ids = list(request.token_ids)
+        check_score(
+            token_ids,
+            request.start,
+            request.temperature,
+            vocab_size=self.engine.vocab_size,
+            max_model_len=self.engine.max_model_len,
+        )
+        result = await self.engine.score(token_ids, request.start, request.temperature)
+        return inference_pb2.ScoreResponse(logprobs=result.logprobs, policy_version=result.policy_version)
+
+    @grpc_errors
+    async def UpdateWeights(self, request_iterator, context):
+        async with self._update_lock:
+            started = time.perf_counter()
+            try:
+                update = await receive_update(request_iterator, self.engine.weight_specs())
+                if update.tensors is None:
+                    apply_seconds = await self.engine.receive_weights_nccl(update.header)
+                else:
+                    apply_seconds = await self.engine.update_weights(update.tensors, update.header.version)
+            except StreamBroken as error:
+                metrics.WEIGHT_UPDATE_FAILURES.inc()
+                log.warning("UpdateWeights aborted: %s", error)
+                await context.abort(grpc.StatusCode.ABORTED, f"chunks: {error}")
+            except BaseException:
+                metrics.WEIGHT_UPDATE_FAILURES.inc()
+                raise
+            version = update.header.version
+            metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - started)
+            metrics.WEIGHT_UPDATE_BYTES.inc(update.bytes_received)
+            log.info(
+                "weights of version %d applied in %.3fs (%d bytes)",
+                version,
+                apply_seconds,
+                update.bytes_received,
+            )
+            self.on_weights_applied(version)
+            return inference_pb2.UpdateWeightsResponse(
+                version=version, bytes_received=update.bytes_received, apply_seconds=apply_seconds
+            )
+
+    @grpc_errors
+    async def GetStatus(self, request, context):
+        status = self.engine.status()
+        return inference_pb2.GetInferenceStatusResponse(
+            policy_version=status.policy_version,
+            running_requests=status.running_requests,
+            waiting_requests=status.waiting_requests,
+            tokens_per_s=status.tokens_per_s,
+            paused=status.paused,
+            model=status.model,
+            engine=status.engine,
+            max_model_len=status.max_model_len,
+        )
+
+    @grpc_errors
+    async def Pause(self, request, context):
+        await self.engine.pause()
+        return inference_pb2.PauseResponse(paused=True)
+
+    @grpc_errors
+    async def Resume(self, request, context):
+        await self.engine.resume()
+        return inference_pb2.ResumeResponse(paused=False)

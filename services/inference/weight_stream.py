@@ -1,0 +1,63 @@
+"""Receiving one UpdateWeights client stream: the header, then the chunks, checked against
+the engine's tensors by `WeightAssembler` before anything is applied.
+
+Status mapping (the servicer turns these into gRPC codes):
+- a message that breaks the contract (no header first, a second header, a tensor list,
+  dtype, shape or total that does not match, a wrong chunk index or version, a checksum
+  mismatch) -> `RequestError` / `WireError` -> INVALID_ARGUMENT;
+- a stream that ends early (no message at all, or fewer bytes than announced) ->
+  `StreamBroken` -> ABORTED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+
+from rlrun.common.errors import RequestError
+from rlrun.common.model.weights import WeightAssembler
+from rlrun.v1 import weights_pb2
+
+
+class StreamBroken(Exception):
+    """The client stream ended before the update was complete."""
+
+
+@dataclass
+class ReceivedUpdate:
+    header: weights_pb2.WeightUpdateHeader
+    tensors: dict[str, torch.Tensor] | None
+    """None for an NCCL update: the tensors follow over the collective."""
+    bytes_received: int
+
+
+async def receive_update(
+    messages: AsyncIterator[weights_pb2.WeightUpdateMessage], expected: dict[str, torch.Tensor]
+) -> ReceivedUpdate:
+    first = await anext(messages, None)
+    if first is None:
+        raise StreamBroken("the stream ended before the header")
+    if first.WhichOneof("payload") != "header":
+        raise RequestError("header", "the first message of UpdateWeights must be a header")
+    header = first.header
+    if header.version < 0:
+        raise RequestError("header.version", f"header.version must be >= 0, got {header.version}")
+    if header.transport == weights_pb2.WEIGHT_TRANSPORT_NCCL:
+        if not header.HasField("nccl"):
+            raise RequestError("header.nccl", "an NCCL update needs header.nccl (the rendezvous)")
+        async for message in messages:
+            raise RequestError(
+                message.WhichOneof("payload") or "payload",
+                "an NCCL update carries only the header; the tensors go over the collective",
+            )
+        return ReceivedUpdate(header, None, 0)
+    assembler = WeightAssembler(header, expected)
+    async for message in messages:
+        if message.WhichOneof("payload") != "chunk":
+            raise RequestError("header", "UpdateWeights carries exactly one header, first")
+        assembler.add(message.chunk)
+    if assembler.received != len(assembler.buffer):
+        raise StreamBroken(f"the stream ended after {assembler.received} of {len(assembler.buffer)} bytes")
+    return ReceivedUpdate(header, assembler.finish(), assembler.received)
