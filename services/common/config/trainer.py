@@ -37,7 +37,8 @@ class ScheduleConfig(Section):
 
 class CheckpointConfig(Section):
     interval: int = Field(0, ge=0)
-    """Save every this many steps (0 = only at the end of the run). Default: 0."""
+    """Also save every this many steps, with empty extra_state (0 = only when SaveCheckpoint is
+    called, e.g. by the orchestrator at the end of the run). Default: 0."""
 
     keep: int = Field(2, ge=1)
     """Keep the newest this many checkpoints. Default: 2."""
@@ -54,7 +55,14 @@ class BroadcastConfig(Section):
     """Retries per replica on UNAVAILABLE before it is reported down. Default: 3."""
 
     timeout_s: float = Field(120.0, gt=0)
-    """Deadline of one replica's update. Default: 120."""
+    """Deadline of one replica's update (and of the NCCL collective). Default: 120."""
+
+    nccl_host: str = ""
+    """Host the replicas reach the trainer's NCCL rendezvous store at (transport = nccl); empty
+    means the host part of `trainer.address`, else this machine's host name. Default: empty."""
+
+    nccl_port: int = Field(0, ge=0, le=65535)
+    """Port of the NCCL rendezvous store (0 = OS-assigned). Default: 0."""
 
 
 class TrainerConfig(Section):
@@ -102,5 +110,6 @@ class TrainerConfig(Section):
     """Weight broadcast to inference replicas."""
 
     parallel: Literal["auto", "fsdp", "ddp"] = "auto"
-    """Data parallelism when launched with several ranks: FSDP2 on GPU, DDP on CPU (auto).
-    Default: auto."""
+    """Data parallelism when launched with several ranks (torchrun): FSDP2 `fully_shard` or DDP.
+    auto means FSDP2 on every device: it runs on CPU over gloo too (checked with torch 2.13), so
+    CPU tests exercise the GPU code path. Default: auto."""

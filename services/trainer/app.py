@@ -1,0 +1,123 @@
+"""`rlrun serve trainer`: builds the learner on every rank, resumes it if asked, then rank 0
+serves TrainerService while the other ranks follow its commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+
+from rlrun.common.config import RunConfig
+from rlrun.common.grpc_client import ClientOptions, wait_for_health
+from rlrun.common.logs import setup_logging
+from rlrun.common.model import arch_dict
+from rlrun.common.service import ServiceContext, limit_threads, log_dir_for, serve_main
+from rlrun.trainer.broadcast import GrpcWeightBroadcaster, WeightBroadcaster
+from rlrun.trainer.checkpoint import checkpoint_root, load_checkpoint, resolve_resume
+from rlrun.trainer.coordinator import Coordinator, serve_commands
+from rlrun.trainer.distributed import CommandChannel, init_parallelism, shutdown
+from rlrun.trainer.learner import build_learner
+from rlrun.trainer.runtime import TrainerRuntime
+from rlrun.trainer.servicer import SERVICE_NAME, TrainerServicer
+from rlrun.v1 import trainer_pb2_grpc
+
+log = logging.getLogger("rlrun.trainer")
+
+
+def nccl_host(config: RunConfig) -> str:
+    if config.trainer.broadcast.nccl_host:
+        return config.trainer.broadcast.nccl_host
+    if config.trainer.address:
+        return config.trainer.address.rsplit(":", 1)[0].strip("[]")
+    return socket.gethostname()
+
+
+def make_broadcaster(config: RunConfig, client: ClientOptions) -> WeightBroadcaster:
+    addresses = list(config.inference.addresses)
+    settings = config.trainer.broadcast
+    if settings.transport == "nccl":
+        from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
+
+        return CollectiveWeightBroadcaster(
+            addresses, settings, client, host=nccl_host(config), backend="nccl"
+        )
+    return GrpcWeightBroadcaster(addresses, settings, client)
+
+
+async def _push_resumed_weights(
+    runtime: TrainerRuntime, addresses: list[str], client: ClientOptions, timeout_s: float
+) -> None:
+    """After a resume, replicas that start with the configured init must get the resumed weights."""
+    await asyncio.gather(*(wait_for_health(a, client, timeout_s) for a in addresses), return_exceptions=True)
+    results = await runtime.broadcast_current()
+    failed = [r.address for r in results if not r.ok]
+    if failed:
+        log.error("resumed weights (version %d) did not reach %s", runtime.version, ", ".join(failed))
+
+
+def main(config: RunConfig, args: argparse.Namespace) -> int:
+    limit_threads(config.trainer.num_threads)
+    parallel = init_parallelism(config.trainer)
+    try:
+        learner = build_learner(config, parallel)
+        resume_from = resolve_resume(checkpoint_root(config.run_dir), getattr(args, "resume", None))
+        resume_state = b""
+        if resume_from is not None:
+            state, resume_state = load_checkpoint(resume_from)
+            learner.restore_state(state)
+        if parallel.rank != 0:
+            setup_logging(
+                "trainer", log_dir_for(config, args) / f"trainer-rank{parallel.rank}.log", config.log_level
+            )
+            serve_commands(learner, CommandChannel(parallel))
+            return 0
+        channel = CommandChannel(parallel) if parallel.world_size > 1 else None
+        coordinator = Coordinator(learner, channel)
+
+        async def setup(ctx: ServiceContext):
+            if resume_from is not None:
+                ctx.log.info(
+                    "resumed from %s at step %d, version %d", resume_from, learner.step, learner.version
+                )
+            client = ClientOptions.from_config(config.grpc)
+            broadcaster = make_broadcaster(config, client)
+            runtime = TrainerRuntime(
+                coordinator,
+                broadcaster,
+                has_replicas=bool(config.inference.addresses),
+                checkpoint_dir=checkpoint_root(config.run_dir),
+                checkpoint=config.trainer.checkpoint,
+                arch=arch_dict(config.model),
+                world_size=parallel.world_size,
+                resume_state=resume_state,
+                last_checkpoint=str(resume_from or ""),
+            )
+            servicer = TrainerServicer(
+                runtime,
+                vocab_size=learner.arch.vocab_size,
+                micro_batch_tokens=config.trainer.micro_batch_tokens,
+            )
+            trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, ctx.server.server)
+            if learner.version > 0 and config.inference.addresses:
+                ctx.background.append(
+                    asyncio.create_task(
+                        _push_resumed_weights(
+                            runtime,
+                            list(config.inference.addresses),
+                            client,
+                            config.trainer.broadcast.timeout_s,
+                        )
+                    )
+                )
+
+            async def cleanup() -> None:
+                await broadcaster.close()
+                if channel is not None:
+                    await asyncio.to_thread(coordinator.stop)
+
+            return cleanup
+
+        return serve_main("trainer", config, args, [SERVICE_NAME], setup, config.trainer.num_threads)
+    finally:
+        shutdown(parallel)

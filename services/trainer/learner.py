@@ -1,0 +1,272 @@
+"""The train step: one TrainingBatch in, `grad_steps_per_batch` optimizer steps, step and
+policy version bumped, or, on a non-finite loss or gradient norm, nothing changed at all.
+
+Every rank runs the same `Learner` on the whole batch and trains its own share of the
+micro-batches (see packing). Loss normalizers are batch-wide token counts that every rank
+computes from the whole batch; the statistics are summed across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from rlrun.common.config import RunConfig
+from rlrun.common.config.trainer import TrainerConfig
+from rlrun.common.model import ArchConfig, PackedCausal, build_model
+from rlrun.common.types import TrainingBatch
+from rlrun.trainer.distributed import Parallelism, wrap_model
+from rlrun.trainer.loss import STAT_NAMES, channel_loss, summarize, token_logprobs
+from rlrun.trainer.optim import build_optimizer, build_scheduler, lr_factor
+from rlrun.trainer.packing import count_channel_tokens, plan_rank_micro_batches
+
+
+@dataclass
+class StepResult:
+    step: int
+    version: int
+    skipped: bool
+    skip_reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LearnerState:
+    """Everything a checkpoint restores, with full (unsharded) tensors keyed by HF names."""
+
+    step: int
+    version: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    """None before the first optimizer step (AdamW has no state yet)."""
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _norm_value(norm: torch.Tensor) -> float:
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+class _Snapshot:
+    """Parameters and optimizer state before a batch, restored when a later optimizer step of
+    the same batch turns non-finite (the batch must then leave no trace)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        with torch.no_grad():
+            self.params = [p.detach().clone() for p in model.parameters()]
+        self.state = {
+            p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+            for p, s in optimizer.state.items()
+        }
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for param, saved in zip(model.parameters(), self.params, strict=True):
+                param.copy_(saved)
+        optimizer.state.clear()
+        optimizer.state.update(self.state)
+
+
+class Learner:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LambdaLR,
+        config: TrainerConfig,
+        parallel: Parallelism,
+        arch: ArchConfig,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.config = config
+        self.parallel = parallel
+        self.arch = arch
+        self.step = 0
+        self.version = 0
+
+    @property
+    def scheduled_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _accumulate(self, micro_batches, counts) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches; returns the all-reduced stats."""
+        stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=self.parallel.device)
+        last = len(micro_batches) - 1
+        for index, micro in enumerate(micro_batches):
+            with self.parallel.gradient_sync(self.model, enabled=index == last):
+                logits = self.model(micro.input_ids, micro.positions, PackedCausal(micro.cu_seqlens))
+                logprobs, entropy = token_logprobs(
+                    logits[micro.predict_rows], micro.targets, micro.temperatures
+                )
+                terms = channel_loss(
+                    logprobs,
+                    entropy,
+                    micro.sampling_logprobs,
+                    micro.advantages,
+                    micro.rl_mask,
+                    micro.ce_weights,
+                    micro.ce_mask,
+                    counts.rl,
+                    counts.ce,
+                    self.config.loss,
+                )
+                (terms.loss * self.parallel.loss_scale).backward()
+            stats += terms.stats.to(stats.dtype)
+        return self.parallel.all_reduce_sum(stats)
+
+    def train(self, batch: TrainingBatch) -> StepResult:
+        """Trains on a validated batch whose step is this learner's step."""
+        if batch.step != self.step:
+            raise ValueError(f"batch.step {batch.step} is not the learner's step {self.step}")
+        started = time.perf_counter()
+        counts = count_channel_tokens(batch.samples)
+        micro_batches = [
+            micro.to(self.parallel.device)
+            for micro in plan_rank_micro_batches(
+                batch.samples, self.config.micro_batch_tokens, self.parallel.world_size, self.parallel.rank
+            )
+        ]
+        lr = batch.learning_rate if batch.learning_rate is not None else self.scheduled_lr
+        grad_steps = self.config.grad_steps_per_batch
+        snapshot = _Snapshot(self.model, self.optimizer) if grad_steps > 1 else None
+        metrics: dict[str, float] = {}
+        self.model.train()
+        for grad_step in range(grad_steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            stats = self._accumulate(micro_batches, counts)
+            grad_norm = _norm_value(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            )
+            summary = summarize(stats, counts.rl, counts.ce, counts.trained)
+            if not (math.isfinite(summary["loss"]) and math.isfinite(grad_norm)):
+                self.optimizer.zero_grad(set_to_none=True)
+                self._set_lr(self.scheduled_lr)
+                if snapshot is not None and grad_step > 0:
+                    snapshot.restore(self.model, self.optimizer)
+                what = "loss" if not math.isfinite(summary["loss"]) else "gradient norm"
+                return StepResult(
+                    step=self.step,
+                    version=self.version,
+                    skipped=True,
+                    skip_reason=f"non-finite {what} at optimizer step {grad_step + 1} of {grad_steps}",
+                    metrics={**summary, "grad_norm": grad_norm},
+                )
+            self._set_lr(lr)
+            self.optimizer.step()
+            if grad_step == 0:
+                # Measured before this batch moved the policy, so mismatch_kl is the gap between
+                # the sampling policy and the trainer's (staleness plus numerics).
+                metrics = {**summary, "grad_norm": grad_norm}
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()  # back to the schedule, whatever this batch's override was
+        self.step += 1
+        self.version += 1
+        seconds = time.perf_counter() - started
+        metrics.update(
+            lr=lr,
+            tokens=float(counts.total),
+            tokens_rl=float(counts.rl),
+            tokens_ce=float(counts.ce),
+            micro_batches=float(len(micro_batches)),
+            step_seconds=seconds,
+            tokens_per_second=counts.total * grad_steps / seconds,
+        )
+        return StepResult(step=self.step, version=self.version, skipped=False, metrics=metrics)
+
+    def full_weights(self, on_cpu: bool = True) -> dict[str, torch.Tensor]:
+        """The whole model by HF name, as a weight update carries it (a tied lm_head is
+        implied). A collective under FSDP: every rank must call it; rank 0's result is whole."""
+        state = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=on_cpu)
+        )
+        if self.arch.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        return state
+
+    def capture_state(self) -> LearnerState:
+        """A collective under FSDP, like `full_weights`."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # get_optimizer_state_dict would initialise an empty AdamW state with a zero-lr step,
+        # which changes later bias corrections; an untouched optimizer is saved as None.
+        optimizer = (
+            get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            if self.optimizer.state
+            else None
+        )
+        return LearnerState(
+            step=self.step,
+            version=self.version,
+            model=self.full_weights(on_cpu=True),
+            optimizer=optimizer,
+            scheduler=self.scheduler.state_dict(),
+            rng=capture_rng(),
+        )
+
+    def restore_state(self, state: LearnerState) -> None:
+        options = StateDictOptions(full_state_dict=True)
+        model_state = dict(state.model)
+        if self.arch.tie_word_embeddings:
+            model_state["lm_head.weight"] = model_state["model.embed_tokens.weight"]
+        set_model_state_dict(self.model, model_state, options=options)
+        if state.optimizer is not None:
+            set_optimizer_state_dict(self.model, self.optimizer, state.optimizer, options=options)
+        self.scheduler.load_state_dict(state.scheduler)
+        restore_rng(state.rng)
+        self.step = state.step
+        self.version = state.version
+
+
+def build_learner(config: RunConfig, parallel: Parallelism) -> Learner:
+    """The policy from `config.model` (the same seeded init as inference, so both start at
+    version 0 with identical weights), wrapped for `parallel`, with AdamW and the schedule."""
+    torch.manual_seed(config.trainer.seed)
+    random.seed(config.trainer.seed)
+    np.random.seed(config.trainer.seed)
+    model = build_model(config.model, device=parallel.device)
+    arch = model.config
+    model = wrap_model(model, parallel)
+    optimizer = build_optimizer(model, config.trainer)
+    run_steps = config.orchestrator.warm_start.max_steps + config.orchestrator.max_steps
+    scheduler = build_scheduler(optimizer, lr_factor(config.trainer.schedule, run_steps))
+    return Learner(model, optimizer, scheduler, config.trainer, parallel, arch)

@@ -1,0 +1,184 @@
+"""Packing a batch into micro-batches (pure: no I/O, no model).
+
+Samples are packed first-fit-decreasing into micro-batches of at most `capacity` tokens, the
+micro-batches are dealt to ranks so that token loads balance, and every rank gets the same
+number of micro-batches (short ranks get padding micro-batches that train nothing), because
+FSDP and DDP run one collective per micro-batch and every rank must join each of them.
+
+A packed micro-batch feeds the model its samples back to back: positions restart at 0 for
+each sample and `cu_seqlens` marks where each starts, so attention never crosses samples.
+Token i of a sample is predicted by the logits at its position i - 1; position 0 never trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlrun.common.types import TrainingSample
+
+# A padding micro-batch: two tokens (so one prediction row exists and the backward pass
+# reaches every parameter) with nothing masked in, so it adds exactly zero to loss and grads.
+PADDING_SAMPLE = TrainingSample(
+    token_ids=[0, 0], mask=[False, False], logprobs=[0.0, 0.0], temperatures=[1.0, 1.0], channels=[]
+)
+
+
+def pack_first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Sample indices per micro-batch. Longest samples are placed first, each into the first
+    micro-batch with room; every micro-batch holds at most `capacity` tokens."""
+    if capacity <= 0:
+        raise ValueError(f"capacity must be positive, got {capacity}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for index in order:
+        length = lengths[index]
+        if length > capacity:
+            raise ValueError(
+                f"sample {index} has {length} tokens, more than the micro-batch capacity {capacity}"
+            )
+        for b, load in enumerate(loads):
+            if load + length <= capacity:
+                bins[b].append(index)
+                loads[b] += length
+                break
+        else:
+            bins.append([index])
+            loads.append(length)
+    return bins
+
+
+def assign_to_ranks(bins: list[list[int]], lengths: Sequence[int], world_size: int) -> list[list[list[int]]]:
+    """Deals micro-batches to ranks, heaviest first onto the least-loaded rank. Every rank
+    gets the same number of entries; an empty list is a padding micro-batch."""
+    per_rank: list[list[list[int]]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for micro in sorted(bins, key=lambda b: -sum(lengths[i] for i in b)):
+        rank = min(range(world_size), key=lambda r: (loads[r], len(per_rank[r]), r))
+        per_rank[rank].append(micro)
+        loads[rank] += sum(lengths[i] for i in micro)
+    count = max(1, max(len(r) for r in per_rank))
+    for micro_batches in per_rank:
+        micro_batches.extend([] for _ in range(count - len(micro_batches)))
+    return per_rank
+
+
+@dataclass(frozen=True)
+class ChannelCounts:
+    """Token counts over the whole batch (all ranks): the loss normalizers."""
+
+    rl: int
+    """Masked-in tokens (position >= 1) of samples that carry an rl channel."""
+    ce: int
+    """Masked-in tokens (position >= 1) of samples that carry a ce channel."""
+    trained: int
+    """Masked-in tokens (position >= 1) that train under at least one channel."""
+    total: int
+    """All tokens of the batch."""
+
+
+def count_channel_tokens(samples: Sequence[TrainingSample]) -> ChannelCounts:
+    rl = ce = trained = total = 0
+    for sample in samples:
+        masked_in = sum(sample.mask[1:])
+        kinds = {channel.loss for channel in sample.channels}
+        rl += masked_in if "rl" in kinds else 0
+        ce += masked_in if "ce" in kinds else 0
+        trained += masked_in if kinds else 0
+        total += len(sample.token_ids)
+    return ChannelCounts(rl=rl, ce=ce, trained=trained, total=total)
+
+
+@dataclass(frozen=True)
+class PackedMicroBatch:
+    """One micro-batch as model inputs plus per-prediction-row loss inputs.
+
+    Model inputs have one entry per packed token (T); loss inputs have one row per predicted
+    token (P = T - number of samples), aligned with `logits[predict_rows]`."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, restarting at 0 per sample
+    cu_seqlens: torch.Tensor  # [n + 1] int64
+    predict_rows: torch.Tensor  # [P] int64: the packed position whose logits predict the target
+    targets: torch.Tensor  # [P] int64
+    temperatures: torch.Tensor  # [P] float32
+    sampling_logprobs: torch.Tensor  # [P] float32 (μ)
+    advantages: torch.Tensor  # [P] float32: the sum of the sample's rl channels
+    ce_weights: torch.Tensor  # [P] float32: the sum of the sample's ce channels
+    rl_mask: torch.Tensor  # [P] bool: masked in and the sample has an rl channel
+    ce_mask: torch.Tensor  # [P] bool: masked in and the sample has a ce channel
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> PackedMicroBatch:
+        return PackedMicroBatch(
+            **{name: getattr(self, name).to(device) for name in self.__dataclass_fields__}
+        )
+
+
+def _channel_sum(sample: TrainingSample, kind: str) -> list[float]:
+    total = [0.0] * len(sample.token_ids)
+    for channel in sample.channels:
+        if channel.loss == kind:
+            total = [a + b for a, b in zip(total, channel.values, strict=True)]
+    return total
+
+
+def pack_micro_batch(samples: Sequence[TrainingSample]) -> PackedMicroBatch:
+    """Packs `samples` (in order) into one micro-batch; an empty sequence gives the padding
+    micro-batch."""
+    samples = list(samples) or [PADDING_SAMPLE]
+    input_ids: list[int] = []
+    positions: list[int] = []
+    cu_seqlens = [0]
+    rows: list[int] = []
+    targets: list[int] = []
+    temperatures: list[float] = []
+    logprobs: list[float] = []
+    advantages: list[float] = []
+    ce_weights: list[float] = []
+    rl_mask: list[bool] = []
+    ce_mask: list[bool] = []
+    for sample in samples:
+        start = cu_seqlens[-1]
+        n = len(sample.token_ids)
+        kinds = {channel.loss for channel in sample.channels}
+        input_ids += sample.token_ids
+        positions += range(n)
+        cu_seqlens.append(start + n)
+        rows += range(start, start + n - 1)
+        targets += sample.token_ids[1:]
+        temperatures += sample.temperatures[1:]
+        logprobs += sample.logprobs[1:]
+        advantages += _channel_sum(sample, "rl")[1:]
+        ce_weights += _channel_sum(sample, "ce")[1:]
+        rl_mask += [m and "rl" in kinds for m in sample.mask[1:]]
+        ce_mask += [m and "ce" in kinds for m in sample.mask[1:]]
+    return PackedMicroBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.int64),
+        positions=torch.tensor(positions, dtype=torch.int64),
+        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int64),
+        predict_rows=torch.tensor(rows, dtype=torch.int64),
+        targets=torch.tensor(targets, dtype=torch.int64),
+        temperatures=torch.tensor(temperatures, dtype=torch.float32),
+        sampling_logprobs=torch.tensor(logprobs, dtype=torch.float32),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        ce_weights=torch.tensor(ce_weights, dtype=torch.float32),
+        rl_mask=torch.tensor(rl_mask, dtype=torch.bool),
+        ce_mask=torch.tensor(ce_mask, dtype=torch.bool),
+    )
+
+
+def plan_rank_micro_batches(
+    samples: Sequence[TrainingSample], capacity: int, world_size: int, rank: int
+) -> list[PackedMicroBatch]:
+    """This rank's packed micro-batches for the whole batch (same count on every rank)."""
+    lengths = [len(s.token_ids) for s in samples]
+    bins = pack_first_fit_decreasing(lengths, capacity)
+    mine = assign_to_ranks(bins, lengths, world_size)[rank]
+    return [pack_micro_batch([samples[i] for i in micro]) for micro in mine]
