@@ -182,6 +182,14 @@ class OrchestratorConfig(Section):
     rollout_timeout_s: float = Field(300.0, gt=0)
     """Deadline of one group's rollouts. Default: 300."""
 
+    startup_timeout_s: float = Field(300.0, gt=0)
+    """How long to wait at start for every env-server, the trainer and the inference replicas to
+    report SERVING. Default: 300."""
+
+    save_rollouts_interval: int = Field(0, ge=0)
+    """Write every trace of every this-many-th step to `<run_dir>/rollouts/step_<N>.jsonl`
+    (0 = never). Default: 0."""
+
     actor: str = POLICY
     """Model key that generates rollouts: `policy` or a key of [orchestrator.models]. Default: policy."""
 

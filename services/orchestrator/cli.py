@@ -1,0 +1,60 @@
+"""`rlrun serve orchestrator --config C [--exit-on-finish]`.
+
+The status API serves from the start (phase PENDING while it waits for the other services).
+After the run finishes the process keeps serving status until Stop or SIGTERM; with
+`--exit-on-finish` it exits as soon as the run ends: 0 on success, 1 on failure.
+Module-level imports stay light: `rlrun --help` imports this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rlrun.common.config import RunConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exit-on-finish",
+        action="store_true",
+        help="exit when the run ends (0 = succeeded, 1 = failed) instead of serving status until Stop or SIGTERM",
+    )
+
+
+def main(config: RunConfig, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rlrun.common.service import ServiceContext, serve_main
+    from rlrun.orchestrator.run import Run
+    from rlrun.orchestrator.status import SERVICE_NAME, OrchestratorServicer, RunStatus
+    from rlrun.v1 import orchestrator_pb2_grpc
+
+    status = RunStatus()
+    exit_on_finish = bool(getattr(args, "exit_on_finish", False))
+
+    async def setup(ctx: ServiceContext):
+        run = Run(config, status)
+
+        def stop(reason: str) -> None:
+            if status.finished:
+                ctx.log.info("Stop after the run finished: shutting down (%s)", reason)
+                ctx.background.append(asyncio.get_running_loop().create_task(ctx.server.stop()))
+            else:
+                run.request_stop(reason)
+
+        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
+            OrchestratorServicer(status, stop), ctx.server.server
+        )
+
+        async def drive() -> None:
+            await run.execute()
+            if exit_on_finish or run.stop_reason is not None:
+                await ctx.server.stop()
+
+        ctx.background.append(asyncio.create_task(drive(), name="orchestrator-run"))
+        return None
+
+    code = serve_main("orchestrator", config, args, [SERVICE_NAME], setup)
+    if exit_on_finish:
+        return 0 if status.phase == "succeeded" else 1
+    return code

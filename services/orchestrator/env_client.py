@@ -1,0 +1,79 @@
+"""Client of one env-server (EnvService): proto at the boundary, in-process types inside."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.types import TaskRef, Trace
+from rlrun.common.wire import channels_from_proto, task_to_proto, trace_from_proto, trace_to_proto
+from rlrun.orchestrator.algorithms import BranchResult
+from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
+
+
+@dataclass(frozen=True)
+class EnvDescription:
+    """What GetInfo says about one env."""
+
+    env_id: str
+    task_counts: dict[str, int]
+    group_scoring: bool
+    algorithms: list[str]
+    members: list[str]
+    temperature: float
+
+
+class EnvClient:
+    def __init__(self, address: str, options: ClientOptions):
+        self.address = address
+        self.channel = open_channel(address, options)
+        self.stub = env_pb2_grpc.EnvServiceStub(self.channel)
+
+    async def describe(self, key: str, env_id: str) -> EnvDescription:
+        """The GetInfo entry for this env: matched by its key, else by its registry id."""
+        reply = await self.stub.GetInfo(env_pb2.GetInfoRequest())
+        by_id = {info.env_id: info for info in reply.envs}
+        info = by_id.get(key) or by_id.get(env_id)
+        if info is None:
+            raise RuntimeError(
+                f"env-server {self.address} does not serve env {key!r} (it serves: {', '.join(by_id) or 'nothing'})"
+            )
+        return EnvDescription(
+            env_id=info.env_id,
+            task_counts=dict(info.task_counts),
+            group_scoring=info.group_scoring,
+            algorithms=list(info.algorithms),
+            members=list(info.members),
+            temperature=info.temperature,
+        )
+
+    async def run_group(
+        self, group_id: str, task: TaskRef, plan: plan_pb2.GenerationPlan, n: int, timeout_s: float
+    ) -> list[Trace]:
+        """n rollouts of one task; each returned trace is validated (WireError names the field)."""
+        request = env_pb2.RunGroupRequest(group_id=group_id, task=task_to_proto(task), plan=plan, n=n)
+        reply = await self.stub.RunGroup(request, timeout=timeout_s)
+        return [trace_from_proto(t, f"RunGroup({group_id}).traces[{i}]") for i, t in enumerate(reply.traces)]
+
+    async def cancel(self, group_ids: list[str]) -> int:
+        reply = await self.stub.Cancel(env_pb2.CancelRequest(group_ids=group_ids), timeout=10.0)
+        return reply.cancelled
+
+    async def run_algorithms(self, env_id: str, ids: list[str], traces: list[Trace]) -> list[BranchResult]:
+        request = env_pb2.RunAlgorithmsRequest(
+            env_id=env_id, algorithms=ids, traces=[trace_to_proto(t) for t in traces]
+        )
+        reply = await self.stub.RunAlgorithms(request)
+        where = f"RunAlgorithms({env_id}).results"
+        return [
+            BranchResult(
+                trace_id=r.trace_id,
+                branch_index=r.branch_index,
+                channels=channels_from_proto(r.channels, f"{where}[{i}]"),
+                mask=list(r.mask),
+            )
+            for i, r in enumerate(reply.results)
+        ]
+
+    async def close(self) -> None:
+        await self.channel.close()

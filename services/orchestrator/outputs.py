@@ -1,0 +1,92 @@
+"""What the orchestrator writes into the run folder (`rlrun local` and people read it):
+
+- `metrics.jsonl`: one JSON object per step (phase `warmup` or `rl`) and per eval (phase
+  `eval`); every line has `step` (the step count of its phase), `trainer_step` and `phase`.
+- `eval/step_<N>.jsonl` (eval after N RL steps) and `eval/dev_step_<N>.jsonl` (warm-start dev
+  check after N warm steps): one line per rollout.
+- `rollouts/step_<N>.jsonl` when `orchestrator.save_rollouts_interval` is set: every trace.
+- `summary.json` at the end, `error.txt` when the run failed.
+
+A fresh run first clears what an older run left there; a resumed run keeps what belongs to the
+steps it resumes after and drops the rest, so the step sequence has no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+ERROR = "error.txt"
+EVAL_DIR = "eval"
+ROLLOUTS_DIR = "rollouts"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class RunOutputs:
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS
+
+    def start_fresh(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (METRICS, SUMMARY, ERROR):
+            (self.run_dir / name).unlink(missing_ok=True)
+        for name in (EVAL_DIR, ROLLOUTS_DIR):
+            shutil.rmtree(self.run_dir / name, ignore_errors=True)
+
+    def resume_after(self, trainer_step: int, warmup_steps: int, rl_steps: int) -> None:
+        """Keeps only what the first `trainer_step` steps wrote (the checkpoint's)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (SUMMARY, ERROR):
+            (self.run_dir / name).unlink(missing_ok=True)
+        if self.metrics_path.exists():
+            kept = [
+                line
+                for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("trainer_step", 0) <= trainer_step
+            ]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        limits = {"step": rl_steps, "dev_step": warmup_steps}
+        for directory in (self.run_dir / EVAL_DIR, self.run_dir / ROLLOUTS_DIR):
+            for path in directory.glob("*.jsonl") if directory.exists() else []:
+                kind, _, number = path.stem.rpartition("_")
+                if number.isdigit() and int(number) > limits.get(kind, rl_steps):
+                    path.unlink()
+
+    def append_metrics(self, line: dict[str, Any]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_jsonable(line)) + "\n")
+
+    def write_rows(self, folder: str, name: str, rows: list[dict[str, Any]]) -> Path:
+        directory = self.run_dir / folder
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(_jsonable(row)) + "\n" for row in rows))
+        return path
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        path = self.run_dir / SUMMARY
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(_jsonable(summary), indent=2))
+        tmp.replace(path)
+
+    def write_error(self, message: str) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / ERROR).write_text(message.rstrip() + "\n")

@@ -1,0 +1,137 @@
+"""Compiles the run configuration into GenerationPlans, once, at the config boundary.
+
+A single-agent run becomes a one-target plan keyed "policy"; a multi-agent run
+([[orchestrator.members]]) becomes the same type keyed by member id, each member with the role
+`train` (the live policy) or `fixed` (a named model target). The scheduler, the eval and the
+env-server requests read only these plans, never the raw config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlrun.common.config import POLICY, ConfigError, EnvConfig, RunConfig, SamplingConfig, SamplingOverrides
+from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, WireError
+
+ORACLE = "oracle"
+"""Model key of the env's rule-based reference solver (the warm start's default actor)."""
+
+
+def sampling_params(
+    base: SamplingConfig, *overrides: SamplingOverrides, greedy: bool = False
+) -> SamplingParams:
+    """The base sampling with each override applied in order; greedy forces temperature 0."""
+    for override in overrides:
+        base = override.apply(base)
+    return SamplingParams(
+        max_tokens=base.max_completion_tokens,
+        temperature=0.0 if greedy else base.temperature,
+        top_p=base.top_p,
+        top_k=base.top_k,
+    )
+
+
+def model_endpoint(key: str, config: RunConfig) -> ModelEndpoint:
+    """The endpoint of a model key: the live policy, a key of [orchestrator.models], or the
+    env's rule-based oracle."""
+    if key == POLICY:
+        if not config.inference.addresses:
+            raise ConfigError("inference.addresses", "no replica of the live policy is configured")
+        return ModelEndpoint(POLICY, "inference", list(config.inference.addresses))
+    target = config.orchestrator.models.get(key)
+    if target is None:
+        if key == ORACLE:
+            return ModelEndpoint(ORACLE, "rule", [])
+        raise ConfigError(
+            "orchestrator.models", f"model key {key!r} is not `policy` or a key of orchestrator.models"
+        )
+    if target.kind == "inference" and not target.addresses:
+        raise ConfigError(
+            f"orchestrator.models.{key}.addresses", "no replica of this inference target is configured"
+        )
+    return ModelEndpoint(key, target.kind, list(target.addresses))
+
+
+def compile_plan(config: RunConfig, *, actor: str, sampling: SamplingParams) -> GenerationPlan:
+    """One plan: single-agent -> {"policy": actor}; multi-agent -> one target per member, where
+    `actor` plays every `train` member and fixed members keep their own model."""
+    members = config.orchestrator.members
+    if not members:
+        role = "train" if actor == POLICY else "fixed"
+        targets = {POLICY: PlanTarget(POLICY, role, model_endpoint(actor, config), sampling)}
+    else:
+        targets = {
+            m.id: PlanTarget(
+                m.id, m.role, model_endpoint(actor if m.role == "train" else m.model, config), sampling
+            )
+            for m in members
+        }
+    plan = GenerationPlan(targets)
+    try:
+        plan.validate()
+    except WireError as error:
+        raise ConfigError("orchestrator", f"the compiled generation plan is invalid: {error}") from None
+    return plan
+
+
+def trained_members(plan: GenerationPlan) -> frozenset[str]:
+    """Members whose traces train: the single target of a single-agent plan (whoever plays it,
+    the policy learns from it), or the `train` members of a multi-agent plan."""
+    if not plan.is_multi_agent:
+        return frozenset(plan.targets)
+    return frozenset(key for key, target in plan.targets.items() if target.role == "train")
+
+
+def samples_live_policy(plan: GenerationPlan) -> bool:
+    """Whether trained rollouts come from the live policy, so that staleness applies."""
+    return any(plan.targets[m].model.name == POLICY for m in trained_members(plan))
+
+
+def member_temperatures(plan: GenerationPlan, env_temperature: float) -> dict[str, float]:
+    """Per member, the temperature fanned out over its samples: the env's configured value when
+    it reports one, else the target's sampling temperature; 1 for greedy targets and for
+    rule-played targets (their tokens were not sampled from logits)."""
+    out = {}
+    for key, target in plan.targets.items():
+        if target.model.kind == "rule":
+            out[key] = 1.0
+            continue
+        temperature = env_temperature if env_temperature > 0 else target.sampling.temperature
+        out[key] = temperature if temperature > 0 else 1.0
+    return out
+
+
+@dataclass
+class RunPlans:
+    """Every plan of the run, per env key."""
+
+    train: dict[str, GenerationPlan]
+    eval: dict[str, GenerationPlan]
+    """Greedy (or eval-sampled) live policy; also used for the warm start's dev set."""
+    warmup: dict[str, GenerationPlan]
+    """The warm start's actor (empty when there is no warm start)."""
+
+
+def compile_plans(config: RunConfig) -> RunPlans:
+    orch = config.orchestrator
+    train: dict[str, GenerationPlan] = {}
+    evals: dict[str, GenerationPlan] = {}
+    warmup: dict[str, GenerationPlan] = {}
+    for env in orch.train.env:
+        train[env.key] = compile_plan(config, actor=orch.actor, sampling=_env_sampling(config, env))
+        evals[env.key] = compile_plan(
+            config,
+            actor=POLICY,
+            sampling=sampling_params(
+                orch.train.sampling, env.sampling, orch.eval.sampling, greedy=orch.eval.greedy
+            ),
+        )
+        if orch.warm_start.max_steps > 0:
+            warmup[env.key] = compile_plan(
+                config, actor=orch.warm_start.actor, sampling=_env_sampling(config, env)
+            )
+    return RunPlans(train=train, eval=evals, warmup=warmup)
+
+
+def _env_sampling(config: RunConfig, env: EnvConfig) -> SamplingParams:
+    return sampling_params(config.orchestrator.train.sampling, env.sampling)
