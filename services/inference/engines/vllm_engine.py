@@ -1,0 +1,365 @@
+"""The vLLM engine (the `vllm` extra, GPUs): vLLM's AsyncLLM, token-in/token-out.
+
+vLLM is imported lazily, inside the methods that need it, so this module (and its pure
+translation functions, unit-tested on CPU) imports without it.
+
+Semantics against the torch engine:
+- Generation stops only on the request's `stop_token_ids` (`ignore_eos`), and the stop token
+  is returned, as with the torch engine.
+- Logprobs come from vLLM's `processed_logprobs` mode: after temperature (T = 1 for greedy).
+  vLLM applies top-k/top-p before computing them, so with top_k/top_p set they are logprobs
+  of the truncated distribution, unlike the torch engine (which reports them before truncation).
+- `policy_version_start` is the version when the request was submitted (vLLM reports no
+  per-token timing here): a conservative bound for staleness checks.
+- Score runs at temperature 1 only (vLLM's prompt logprobs are raw).
+- Weight updates run inside vLLM's workers through `collective_rpc`, which the engine core
+  executes between two scheduler steps; the prefix cache is reset afterwards so no new request
+  reuses K/V computed under the old weights. See `vllm_worker` for the NCCL path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlrun.common.config import RunConfig
+from rlrun.common.errors import RequestError
+from rlrun.common.model import ArchConfig, CausalLM, arch_dict, build_model, save_checkpoint_dir
+from rlrun.common.model.load import DTYPES
+from rlrun.common.model.weights import PB_TO_TORCH, TORCH_TO_PB, broadcast_tensors
+from rlrun.common.types import SamplingParams
+from rlrun.inference import metrics
+from rlrun.inference.engines.base import (
+    Completion,
+    Engine,
+    EngineStatus,
+    FinishReason,
+    ScoreResult,
+    StreamDelta,
+)
+from rlrun.inference.throughput import ThroughputMeter
+from rlrun.v1 import weights_pb2
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "rlrun.inference.engines.vllm_worker.RlrunWorkerExtension"
+
+_FINISH_REASONS: dict[str | None, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    None: "abort",
+}
+
+
+# -- pure translation (no vllm import) -------------------------------------------------------
+
+
+def engine_args(config: RunConfig, model_dir: Path) -> dict[str, Any]:
+    """Keyword arguments of vllm.AsyncEngineArgs for this run."""
+    vllm_cfg = config.inference.vllm
+    return {
+        "model": str(model_dir),
+        "skip_tokenizer_init": True,  # token-in/token-out: the service never sends text to vLLM
+        "max_model_len": config.model.max_model_len,
+        "max_num_seqs": config.inference.max_batch_size,
+        "dtype": config.model.dtype,
+        "seed": config.model.seed,
+        "gpu_memory_utilization": vllm_cfg.gpu_memory_utilization,
+        "tensor_parallel_size": vllm_cfg.tensor_parallel_size,
+        "enforce_eager": vllm_cfg.enforce_eager,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": WORKER_EXTENSION,
+        "enable_prefix_caching": True,
+        "disable_log_stats": True,
+    }
+
+
+def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments of vllm.SamplingParams (the output kind is added by the caller)."""
+    return {
+        "n": params.n,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_tokens": params.max_tokens,
+        "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": True,
+        "seed": params.seed,
+        "logprobs": 0,  # the sampled token's logprob only
+        "detokenize": False,
+    }
+
+
+def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict] | None) -> list[float]:
+    """vLLM gives one {token_id: Logprob} dict per sampled token; keep the sampled token's."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs although the request asked for them")
+    return [float(entry[token].logprob) for token, entry in zip(token_ids, logprobs, strict=True)]
+
+
+def completion_from_output(output: Any, version_start: int, version_end: int) -> Completion:
+    """A vllm CompletionOutput (token_ids, logprobs, finish_reason) as a Completion."""
+    token_ids = list(output.token_ids)
+    return Completion(
+        token_ids=token_ids,
+        logprobs=sampled_logprobs(token_ids, output.logprobs),
+        finish_reason=_FINISH_REASONS.get(output.finish_reason, "abort"),
+        policy_version_start=version_start,
+        policy_version_end=version_end,
+    )
+
+
+def delta_from_output(output: Any) -> StreamDelta:
+    """A vllm CompletionOutput of a DELTA-kind request (only the new tokens) as a StreamDelta."""
+    token_ids = list(output.token_ids)
+    reason = output.finish_reason
+    return StreamDelta(
+        index=output.index,
+        token_ids=token_ids,
+        logprobs=sampled_logprobs(token_ids, output.logprobs),
+        finish_reason=None if reason is None else _FINISH_REASONS.get(reason, "abort"),
+    )
+
+
+def prompt_scores(
+    token_ids: Sequence[int], start: int, prompt_logprobs: Sequence[dict | None]
+) -> list[float]:
+    """Logprobs of token_ids[start:] from vLLM's prompt_logprobs (entry 0 is None)."""
+    return [float(prompt_logprobs[i][token_ids[i]].logprob) for i in range(start, len(token_ids))]
+
+
+def nccl_tensor_specs(
+    header: weights_pb2.WeightUpdateHeader, expected: dict[str, torch.Tensor]
+) -> list[tuple[str, str, list[int]]]:
+    """(name, torch dtype name, shape) per announced tensor, in stream order, after checking
+    that the header announces exactly the model's tensors."""
+    announced = {spec.name: (spec.dtype, tuple(spec.shape)) for spec in header.tensors}
+    wanted = {name: (TORCH_TO_PB[t.dtype], tuple(t.shape)) for name, t in expected.items()}
+    if len(announced) != len(header.tensors) or announced != wanted:
+        differing = sorted(set(announced.items()) ^ set(wanted.items()))[:5]
+        raise RequestError(
+            "header.tensors", f"header.tensors does not match the model; differing entries: {differing}"
+        )
+    return [
+        (spec.name, str(PB_TO_TORCH[spec.dtype]).removeprefix("torch."), list(spec.shape))
+        for spec in header.tensors
+    ]
+
+
+def meta_tensors(config: RunConfig) -> dict[str, torch.Tensor]:
+    """The model's broadcast tensors on the meta device: names, dtypes, shapes, no memory."""
+    with torch.device("meta"):
+        model = CausalLM(ArchConfig.from_dict(arch_dict(config.model)))
+    return broadcast_tensors(model.to(DTYPES[config.model.dtype]))
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.model_name = config.name
+        self.vocab_size = ArchConfig.from_dict(arch_dict(config.model)).vocab_size
+        self.max_model_len = config.model.max_model_len
+        self._specs = meta_tensors(config)
+        self._version = 0
+        self._in_flight = 0
+        self._paused = False
+        self._nccl_group: tuple | None = None
+        self._meter = ThroughputMeter()
+        self._llm = None
+
+    def _model_dir(self) -> Path:
+        """A checkpoint directory vLLM can load: model.path, or the seeded random init saved once."""
+        if self.config.model.path is not None:
+            return Path(self.config.model.path)
+        target = self.config.run_dir / "vllm-init-model"
+        save_checkpoint_dir(build_model(self.config.model), arch_dict(self.config.model), target)
+        return target
+
+    async def start(self) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        model_dir = await asyncio.to_thread(self._model_dir)
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(self.config, model_dir)))
+        metrics.POLICY_VERSION.set(self._version)
+
+    async def stop(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def _request(self, prompt: Sequence[int], params: SamplingParams, request_id: str, delta: bool):
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
+        unique_id = f"{request_id or 'req'}-{uuid.uuid4().hex}"  # vLLM needs ids unique among live requests
+        return (
+            TokensPrompt(prompt_token_ids=list(prompt)),
+            VllmSamplingParams(**sampling_kwargs(params), output_kind=kind),
+            unique_id,
+        )
+
+    def _started(self, prompt: Sequence[int], params: SamplingParams) -> float:
+        self._in_flight += 1
+        metrics.RUNNING.set(self._in_flight)
+        metrics.PROMPT_TOKENS.inc(len(prompt) * params.n)
+        return time.perf_counter()
+
+    def _ended(self, started: float, reasons: Sequence[str], tokens: int) -> None:
+        self._in_flight -= 1
+        now = time.perf_counter()
+        metrics.RUNNING.set(self._in_flight)
+        metrics.GENERATED_TOKENS.inc(tokens)
+        metrics.REQUEST_LATENCY.observe(now - started)
+        for reason in reasons:
+            metrics.COMPLETIONS.labels(reason).inc()
+        self._meter.add(now, tokens)
+
+    async def generate(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> list[Completion]:
+        vllm_prompt, vllm_params, unique_id = self._request(prompt, params, request_id, delta=False)
+        version_start = self._version
+        started = self._started(prompt, params)
+        final = None
+        completions: list[Completion] = []
+        try:
+            async for output in self._llm.generate(vllm_prompt, vllm_params, unique_id):
+                final = output
+            ordered = sorted(final.outputs, key=lambda o: o.index)
+            completions = [completion_from_output(o, version_start, self._version) for o in ordered]
+            return completions
+        finally:
+            self._ended(
+                started,
+                [c.finish_reason for c in completions] or ["abort"] * params.n,
+                sum(len(c.token_ids) for c in completions),
+            )
+
+    async def stream(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> AsyncIterator[list[StreamDelta]]:
+        vllm_prompt, vllm_params, unique_id = self._request(prompt, params, request_id, delta=True)
+        started = self._started(prompt, params)
+        reasons: list[str] = []
+        tokens = 0
+        try:
+            async for output in self._llm.generate(vllm_prompt, vllm_params, unique_id):
+                deltas = [delta_from_output(o) for o in output.outputs]
+                tokens += sum(len(d.token_ids) for d in deltas)
+                reasons += [d.finish_reason for d in deltas if d.finish_reason is not None]
+                yield deltas
+        finally:
+            self._ended(started, reasons or ["abort"] * params.n, tokens)
+
+    async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
+        if temperature not in (0.0, 1.0):
+            raise RequestError("temperature", "the vllm engine scores at temperature 1 only (0 means 1)")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError("token_ids", f"the vllm engine scores at most {self.max_model_len - 1} tokens")
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        final = None
+        async for output in self._llm.generate(
+            TokensPrompt(prompt_token_ids=list(token_ids)), params, f"score-{uuid.uuid4().hex}"
+        ):
+            final = output
+        return ScoreResult(prompt_scores(token_ids, start, final.prompt_logprobs), self._version)
+
+    def weight_specs(self) -> dict[str, torch.Tensor]:
+        return self._specs
+
+    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        self._check_version(version)
+        started = time.perf_counter()
+        await self._llm.collective_rpc("rlrun_load_weights", args=(list(tensors.items()),))
+        await self._llm.reset_prefix_cache()
+        return self._applied(version, started)
+
+    async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
+        self._check_version(header.version)
+        specs = nccl_tensor_specs(header, self._specs)
+        rendezvous = header.nccl
+        group = (
+            rendezvous.host,
+            rendezvous.port,
+            rendezvous.world_size,
+            rendezvous.rank,
+            rendezvous.group_name,
+        )
+        started = time.perf_counter()
+        if group != self._nccl_group:
+            log.info(
+                "joining weight-broadcast group %s at %s:%d as rank %d of %d",
+                rendezvous.group_name,
+                rendezvous.host,
+                rendezvous.port,
+                rendezvous.rank,
+                rendezvous.world_size,
+            )
+            await self._llm.collective_rpc(
+                "rlrun_join_weight_group",
+                args=(rendezvous.host, rendezvous.port, rendezvous.world_size, rendezvous.rank),
+            )
+            self._nccl_group = group
+        await self._llm.collective_rpc("rlrun_receive_weights", args=(specs,))
+        await self._llm.reset_prefix_cache()
+        return self._applied(header.version, started)
+
+    def _check_version(self, version: int) -> None:
+        if version < self._version:
+            raise RequestError(
+                "header.version", f"header.version {version} is older than the served version {self._version}"
+            )
+
+    def _applied(self, version: int, started: float) -> float:
+        self._version = version
+        metrics.POLICY_VERSION.set(version)
+        return time.perf_counter() - started
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(
+            policy_version=self._version,
+            running_requests=self._in_flight,
+            waiting_requests=0,
+            tokens_per_s=self._meter.rate(time.perf_counter()),
+            paused=self._paused,
+            model=self.model_name,
+            engine=self.name,
+            max_model_len=self.max_model_len,
+        )
+
+    async def pause(self) -> None:
+        # "keep": running requests are frozen in the scheduler, not aborted.
+        await self._llm.pause_generation(mode="keep", clear_cache=False)
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self._llm.resume_generation()
+        self._paused = False
+
+
+def create_engine(config: RunConfig) -> VllmEngine:
+    """The engine `rlrun serve inference` runs for `inference.engine = "vllm"`."""
+    return VllmEngine(config)

@@ -1,0 +1,58 @@
+"""`rlrun serve inference` as a process: the ready line, --require-version, SIGTERM."""
+
+import asyncio
+import os
+import re
+import signal
+import sys
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.model.weights import iter_update_messages
+from rlrun.v1 import inference_pb2_grpc
+
+from .conftest import REPO, other_weights, run_config
+
+
+async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rlrun.cli",
+        "serve",
+        "inference",
+        "--config",
+        str(REPO / "configs/reverse_text.toml"),
+        "--set",
+        f'output_dir="{tmp_path}"',
+        "--port",
+        "0",
+        "--require-version",
+        "1",
+        "--log-dir",
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        line = (await asyncio.wait_for(process.stdout.readline(), timeout=120)).decode()
+        match = re.fullmatch(r"rlrun inference listening on (127\.0\.0\.1:\d+)\n", line)
+        assert match, line
+        async with open_channel(match.group(1), ClientOptions(deadline_s=30)) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest())
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            tensors = other_weights(run_config(tmp_path), seed=5)
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            await stub.UpdateWeights(list(iter_update_messages(tensors, 1)))
+            reply = await health.Check(health_pb2.HealthCheckRequest())
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

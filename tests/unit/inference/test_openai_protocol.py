@@ -1,0 +1,91 @@
+"""OpenAI request translation: prompts, stop strings, defaults, incremental text, bodies."""
+
+import pytest
+
+from rlrun.common.errors import RequestError
+from rlrun.common.tokenizer import CharTokenizer
+from rlrun.inference.engines.base import Completion
+from rlrun.inference.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TextStream,
+    chat_body,
+    chat_prompt,
+    completion_prompt,
+    sampling_params,
+)
+
+from .conftest import REPO
+
+
+@pytest.fixture
+def tokenizer():
+    return CharTokenizer.from_file(REPO / "configs/tokenizer/char.json")
+
+
+def test_chat_prompts_use_the_tokenizers_chat_rendering(tokenizer):
+    request = ChatCompletionRequest(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "ab"}]},
+        ]
+    )
+    expected = (
+        tokenizer.render_message("system", "be brief")
+        + tokenizer.render_message("user", "ab")
+        + tokenizer.message_header("assistant")
+    )
+    assert chat_prompt(request, tokenizer) == expected
+
+
+def test_stop_strings_become_stop_token_ids_with_the_end_token(tokenizer):
+    request = CompletionRequest(prompt="abc", stop=["x", "\n"], stop_token_ids=[7])
+    params = sampling_params(request, tokenizer, prompt_len=3, max_model_len=32, max_tokens=None)
+    assert params.stop_token_ids == sorted({tokenizer.eos_token_id, 7, *tokenizer.encode("x\n")})
+    assert params.max_tokens == 29
+
+
+def test_a_multi_token_stop_string_is_refused(tokenizer):
+    with pytest.raises(RequestError) as caught:
+        sampling_params(CompletionRequest(prompt="abc", stop="xy"), tokenizer, 3, 32, 4)
+    assert caught.value.field == "stop[0]"
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "field"), [({"echo": True}, "echo"), ({"logprobs": 2}, "logprobs")]
+)
+def test_unsupported_completion_options_are_refused(tokenizer, request_fields, field):
+    with pytest.raises(RequestError) as caught:
+        completion_prompt(CompletionRequest(prompt="abc", **request_fields), tokenizer)
+    assert caught.value.field == field
+
+
+def test_token_id_prompts_pass_through(tokenizer):
+    assert completion_prompt(CompletionRequest(prompt=[3, 4, 5]), tokenizer) == [3, 4, 5]
+
+
+def test_text_stream_emits_each_new_piece_once(tokenizer):
+    stream = TextStream(tokenizer)
+    pieces = [
+        stream.push(tokenizer.encode("he")),
+        stream.push(tokenizer.encode("y")),
+        stream.push([tokenizer.eos_token_id]),
+    ]
+    assert pieces == ["he", "y", ""]
+
+
+def test_chat_body_carries_text_logprobs_and_usage(tokenizer):
+    tokens = tokenizer.encode("ok") + [tokenizer.eos_token_id]
+    completion = Completion(tokens, [-0.1, -0.2, -0.3], "stop", 0, 0)
+    body = chat_body(
+        ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], logprobs=True),
+        tokenizer,
+        "m",
+        5,
+        [completion],
+    )
+    [choice] = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "ok"}
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.1, -0.2, -0.3]
+    assert choice["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}

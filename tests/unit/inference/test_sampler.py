@@ -1,0 +1,74 @@
+"""The batched sampler: greedy rows, logprob semantics, truncation, seeded rows, and the
+distribution it actually draws from."""
+
+import torch
+
+from rlrun.inference.sampler import BatchSampler, RowSettings, truncate
+
+
+def logits_rows(rows: int, vocab: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def test_greedy_rows_take_the_argmax_and_report_the_temperature_one_logprob():
+    logits = logits_rows(3)
+    tokens, logprobs = BatchSampler([RowSettings(0.0)] * 3).sample(logits, torch.Generator().manual_seed(1))
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logprobs, expected)
+
+
+def test_sampled_logprobs_are_under_the_tempered_distribution_before_truncation():
+    logits = logits_rows(4)
+    rows = [RowSettings(0.7), RowSettings(1.3, top_k=3), RowSettings(0.5, top_p=0.5), RowSettings(0.0)]
+    tokens, logprobs = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(2))
+    temperatures = torch.tensor([0.7, 1.3, 0.5, 1.0])[:, None]
+    expected = torch.log_softmax(logits / temperatures, -1).gather(1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logprobs, expected)
+    assert tokens[3] == logits[3].argmax()
+
+
+def test_truncate_keeps_the_top_k_then_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05], [0.4, 0.3, 0.2, 0.1]]))
+    kept = truncate(logits, top_k=torch.tensor([2, 0, 0]), top_p=torch.tensor([1.0, 0.7, 1.0])).isfinite()
+    assert kept.tolist() == [[True, True, False, False], [True, True, False, False], [True, True, True, True]]
+
+
+def test_truncation_always_keeps_the_most_likely_token():
+    logits = logits_rows(2)
+    kept = truncate(logits, top_k=torch.tensor([0, 1]), top_p=torch.tensor([1e-6, 1.0])).isfinite()
+    assert kept.sum(-1).tolist() == [1, 1]
+    assert kept.float().argmax(-1).tolist() == logits.argmax(-1).tolist()
+
+
+def test_draws_follow_the_tempered_distribution():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    draws = 20000
+    sampler = BatchSampler([RowSettings(2.0)] * draws)
+    tokens, _ = sampler.sample(logits.expand(draws, 3), torch.Generator().manual_seed(3))
+    frequencies = torch.bincount(tokens, minlength=3).float() / draws
+    torch.testing.assert_close(frequencies, torch.softmax(logits / 2.0, -1), atol=0.015, rtol=0)
+
+
+def test_top_k_draws_only_from_the_kept_tokens():
+    logits = logits_rows(1, vocab=30).expand(500, 30)
+    tokens, _ = BatchSampler([RowSettings(1.5, top_k=4)] * 500).sample(
+        logits, torch.Generator().manual_seed(4)
+    )
+    assert set(tokens.tolist()) <= set(logits[0].topk(4).indices.tolist())
+
+
+def test_seeded_rows_repeat_whatever_else_is_in_the_batch():
+    logits = logits_rows(3, vocab=50)
+
+    def seeded_draw(neighbours_seed: int) -> int:
+        rows = [
+            RowSettings(1.0),
+            RowSettings(1.0, generator=torch.Generator().manual_seed(42)),
+            RowSettings(1.0),
+        ]
+        tokens, _ = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(neighbours_seed))
+        return int(tokens[1])
+
+    draws = {seeded_draw(seed) for seed in range(6)}
+    assert len(draws) == 1

@@ -1,0 +1,228 @@
+"""The torch engine against plain forward passes of the same model: greedy decoding, logprobs,
+continuous batching, weight updates, cancellation, pausing, scoring."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rlrun.common.errors import RequestError
+from rlrun.common.model import PackedCausal
+from rlrun.common.types import SamplingParams
+from rlrun.inference.engines.base import QueueFullError
+from rlrun.inference.engines.torch_engine import TorchEngine
+
+from .conftest import MAX_MODEL_LEN, tiny_model
+
+
+def full_forward(model, token_ids: list[int]) -> torch.Tensor:
+    ids = torch.tensor(token_ids)
+    with torch.no_grad():
+        return model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+
+
+def argmax_loop(model, prompt: list[int], steps: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(steps):
+        ids.append(int(full_forward(model, ids)[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+def recomputed_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1] / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+PROMPTS = [[5, 6, 7, 8], [10, 11], [20, 21, 22, 23, 24, 25, 26, 27, 28], [40]]
+
+
+async def test_greedy_output_equals_a_forward_argmax_loop_while_batched(engine, model):
+    # Prompts of different lengths, several samples each, all in one continuous batch.
+    params = SamplingParams(max_tokens=20, temperature=0.0, n=2)
+    results = await asyncio.gather(*[engine.generate(p, params) for p in PROMPTS])
+    for prompt, completions in zip(PROMPTS, results, strict=True):
+        reference = argmax_loop(model, prompt, 20)
+        for completion in completions:
+            assert completion.token_ids == reference
+            assert completion.finish_reason == "length"
+
+
+async def test_logprobs_equal_a_recomputed_forward_pass(engine, model):
+    settings = [
+        SamplingParams(max_tokens=25, temperature=0.8, n=3),
+        SamplingParams(max_tokens=25, temperature=1.3, top_k=5),
+        SamplingParams(max_tokens=25, temperature=0.6, top_p=0.7),
+        SamplingParams(max_tokens=25, temperature=0.0),
+    ]
+    results = await asyncio.gather(*[engine.generate(PROMPTS[0], s) for s in settings])
+    for params, completions in zip(settings, results, strict=True):
+        for completion in completions:
+            expected = recomputed_logprobs(model, PROMPTS[0], completion.token_ids, params.temperature or 1.0)
+            torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+
+
+async def test_a_short_request_submitted_after_a_long_one_finishes_first(engine):
+    long = engine.stream([5, 6, 7], SamplingParams(max_tokens=MAX_MODEL_LEN - 3, temperature=1.0))
+    await anext(long)  # the long request is decoding
+    finished = []
+
+    async def drain():
+        async for _ in long:
+            pass
+        finished.append("long")
+
+    async def short():
+        await engine.generate([9, 9], SamplingParams(max_tokens=2, temperature=1.0))
+        finished.append("short")
+
+    await asyncio.gather(drain(), short())
+    assert finished == ["short", "long"]
+
+
+async def test_stop_tokens_end_a_sample_and_are_returned(engine, model):
+    reference = argmax_loop(model, PROMPTS[1], 12)
+    stop = reference[5]
+    [completion] = await engine.generate(
+        PROMPTS[1], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop])
+    )
+    assert completion.token_ids == reference[: reference.index(stop) + 1]
+    assert completion.finish_reason == "stop"
+
+
+async def test_a_seed_makes_sampling_reproducible(engine):
+    params = SamplingParams(max_tokens=15, temperature=1.0, n=3, seed=7)
+    first = await engine.generate(PROMPTS[0], params)
+    _, second = await asyncio.gather(
+        engine.generate(PROMPTS[2], SamplingParams(max_tokens=9, temperature=1.0)),
+        engine.generate(PROMPTS[0], params),
+    )
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+    assert len({tuple(c.token_ids) for c in first}) > 1
+
+
+async def test_a_weight_update_changes_outputs_and_version(engine):
+    params = SamplingParams(max_tokens=15, temperature=0.0)
+    [before] = await engine.generate(PROMPTS[0], params)
+    other = tiny_model(seed=11)
+    await engine.update_weights({k: v.clone() for k, v in other.state_dict().items()}, version=4)
+    [after] = await engine.generate(PROMPTS[0], params)
+    assert after.token_ids == argmax_loop(other, PROMPTS[0], 15)
+    assert after.token_ids != before.token_ids
+    assert (after.policy_version_start, after.policy_version_end) == (4, 4)
+    assert engine.status().policy_version == 4
+
+
+async def test_a_failed_weight_update_leaves_model_and_version_unchanged(engine):
+    params = SamplingParams(max_tokens=15, temperature=0.0)
+    [before] = await engine.generate(PROMPTS[0], params)
+    await engine.update_weights({k: v.clone() for k, v in engine.weight_specs().items()}, version=3)
+    other = {k: v.clone() for k, v in tiny_model(seed=11).state_dict().items()}
+    with pytest.raises(RequestError, match="older"):
+        await engine.update_weights(other, version=2)
+    broken = dict(other)
+    broken["lm_head.weight"] = broken["lm_head.weight"][:, :-1]
+    with pytest.raises(RequestError, match="lm_head.weight"):
+        await engine.update_weights(broken, version=5)
+    [after] = await engine.generate(PROMPTS[0], params)
+    assert after.token_ids == before.token_ids
+    assert engine.policy_version == 3
+
+
+async def test_versions_record_an_update_in_the_middle_of_a_sample(engine):
+    await engine.pause()
+    long = asyncio.create_task(
+        engine.generate([5, 6, 7], SamplingParams(max_tokens=MAX_MODEL_LEN - 3, temperature=1.0))
+    )
+    await asyncio.sleep(0)
+    await engine.resume()
+    # A probe admitted after the long request: once it has a token, so has the long one.
+    probe = engine.stream([9], SamplingParams(max_tokens=2, temperature=1.0))
+    await anext(probe)
+    await engine.pause()
+    await engine.update_weights({k: v.clone() for k, v in engine.weight_specs().items()}, version=1)
+    await engine.resume()
+    [completion] = await long
+    assert (completion.policy_version_start, completion.policy_version_end) == (0, 1)
+    await probe.aclose()
+
+
+async def test_a_cancelled_request_frees_its_slot_at_once():
+    engine = TorchEngine(
+        tiny_model(), model_name="tiny", max_model_len=MAX_MODEL_LEN, max_batch_size=1, max_waiting=8
+    )
+    await engine.start()
+    try:
+        await engine.pause()
+        hog = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=40, temperature=1.0)))
+        queued = asyncio.create_task(engine.generate([7, 8], SamplingParams(max_tokens=3, temperature=1.0)))
+        await engine.resume()
+        while engine.status().running_requests == 0:
+            await asyncio.sleep(0.001)
+        await engine.pause()
+        assert engine.status().waiting_requests == 1
+        hog.cancel()
+        while engine.status().running_requests != 0:
+            await asyncio.sleep(0.001)
+        await engine.resume()
+        [completion] = await queued
+        assert len(completion.token_ids) == 3
+        assert hog.cancelled()
+    finally:
+        await engine.stop()
+
+
+async def test_pause_holds_running_requests_until_resume(engine):
+    await engine.pause()
+    request = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=4, temperature=0.0)))
+    await asyncio.sleep(0.05)
+    assert not request.done() and engine.status().paused
+    await engine.resume()
+    [completion] = await request
+    assert len(completion.token_ids) == 4
+
+
+async def test_a_full_queue_is_refused():
+    engine = TorchEngine(
+        tiny_model(), model_name="tiny", max_model_len=MAX_MODEL_LEN, max_batch_size=1, max_waiting=2
+    )
+    await engine.start()
+    try:
+        await engine.pause()
+        waiting = asyncio.create_task(engine.generate([5], SamplingParams(max_tokens=2, n=2)))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError):
+            await engine.generate([5], SamplingParams(max_tokens=2))
+        await engine.resume()
+        assert len(await waiting) == 2
+    finally:
+        await engine.stop()
+
+
+async def test_scores_equal_a_forward_pass(engine, model):
+    tokens = [5, 6, 7, 8, 9, 10, 11]
+    results = await asyncio.gather(engine.score(tokens, 2, 0.7), engine.score(tokens[:4], 1, 0.0))
+    torch.testing.assert_close(
+        torch.tensor(results[0].logprobs),
+        recomputed_logprobs(model, tokens[:2], tokens[2:], 0.7),
+        atol=1e-5,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        torch.tensor(results[1].logprobs),
+        recomputed_logprobs(model, tokens[:1], tokens[1:4], 1.0),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+async def test_stop_ends_open_requests_with_abort(model):
+    engine = TorchEngine(
+        model, model_name="tiny", max_model_len=MAX_MODEL_LEN, max_batch_size=2, max_waiting=8
+    )
+    await engine.start()
+    await engine.pause()
+    request = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=4, n=3)))
+    await asyncio.sleep(0.01)
+    await engine.stop()
+    completions = await request
+    assert [c.finish_reason for c in completions] == ["abort"] * 3

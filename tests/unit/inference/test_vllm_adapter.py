@@ -1,0 +1,134 @@
+"""The vLLM engine's translation to and from vLLM's types, on CPU without vLLM installed."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlrun.common.config import load_config
+from rlrun.common.errors import RequestError
+from rlrun.common.model.weights import build_header
+from rlrun.common.types import SamplingParams
+from rlrun.inference.engines.vllm_engine import (
+    WORKER_EXTENSION,
+    completion_from_output,
+    delta_from_output,
+    engine_args,
+    meta_tensors,
+    nccl_tensor_specs,
+    prompt_scores,
+    sampling_kwargs,
+)
+from rlrun.v1 import weights_pb2
+
+from .conftest import REPO, tiny_model
+
+
+def logprob_entry(token: int, value: float) -> dict:
+    return {token: SimpleNamespace(logprob=value, rank=1), token + 1: SimpleNamespace(logprob=-9.0, rank=2)}
+
+
+@pytest.fixture
+def config():
+    return load_config(
+        REPO / "configs/reverse_text.toml", ['inference.engine="vllm"', "inference.vllm.enforce_eager=true"]
+    )
+
+
+def test_sampling_translation_keeps_the_contract():
+    kwargs = sampling_kwargs(
+        SamplingParams(max_tokens=7, temperature=0.0, stop_token_ids=[1, 4], n=8, seed=3)
+    )
+    assert kwargs == {
+        "n": 8,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_tokens": 7,
+        "stop_token_ids": [1, 4],
+        "ignore_eos": True,
+        "seed": 3,
+        "logprobs": 0,
+        "detokenize": False,
+    }
+    assert sampling_kwargs(SamplingParams(max_tokens=2, top_k=5, top_p=0.9))["top_k"] == 5
+
+
+def test_engine_args_are_token_in_token_out_with_processed_logprobs(config):
+    args = engine_args(config, Path("/models/x"))
+    assert args["skip_tokenizer_init"] is True
+    assert args["logprobs_mode"] == "processed_logprobs"
+    assert args["worker_extension_cls"] == WORKER_EXTENSION
+    assert (args["max_model_len"], args["max_num_seqs"], args["enforce_eager"]) == (32, 128, True)
+
+
+def test_worker_extension_is_importable_by_its_qualified_name():
+    module, _, name = WORKER_EXTENSION.rpartition(".")
+    assert hasattr(__import__(module, fromlist=[name]), name)
+
+
+def test_completion_output_becomes_a_completion():
+    output = SimpleNamespace(
+        index=0,
+        token_ids=[7, 9, 1],
+        logprobs=[logprob_entry(7, -0.5), logprob_entry(9, -1.5), logprob_entry(1, -0.1)],
+        finish_reason="stop",
+    )
+    completion = completion_from_output(output, 2, 3)
+    assert (completion.token_ids, completion.logprobs, completion.finish_reason) == (
+        [7, 9, 1],
+        [-0.5, -1.5, -0.1],
+        "stop",
+    )
+    assert (completion.policy_version_start, completion.policy_version_end) == (2, 3)
+    assert (
+        completion_from_output(
+            SimpleNamespace(token_ids=[], logprobs=[], finish_reason=None), 0, 0
+        ).finish_reason
+        == "abort"
+    )
+
+
+def test_missing_logprobs_fail_loudly():
+    with pytest.raises(RuntimeError, match="no logprobs"):
+        completion_from_output(SimpleNamespace(token_ids=[3], logprobs=None, finish_reason="length"), 0, 0)
+
+
+def test_delta_outputs_become_stream_deltas():
+    delta = delta_from_output(
+        SimpleNamespace(index=2, token_ids=[5], logprobs=[logprob_entry(5, -0.25)], finish_reason=None)
+    )
+    assert (delta.index, delta.token_ids, delta.logprobs, delta.finish_reason) == (2, [5], [-0.25], None)
+    last = delta_from_output(
+        SimpleNamespace(index=2, token_ids=[6], logprobs=[logprob_entry(6, -1.0)], finish_reason="length")
+    )
+    assert last.finish_reason == "length"
+
+
+def test_prompt_scores_pick_each_prompt_token():
+    tokens = [4, 5, 6, 7]
+    prompt_logprobs = [None, logprob_entry(5, -1.0), logprob_entry(6, -2.0), logprob_entry(7, -3.0)]
+    assert prompt_scores(tokens, 2, prompt_logprobs) == [-2.0, -3.0]
+
+
+def test_meta_tensors_describe_the_model_without_memory(config):
+    specs = meta_tensors(config)
+    real = tiny_model().state_dict()
+    assert {n: (t.shape, t.dtype) for n, t in specs.items()} == {
+        n: (t.shape, t.dtype) for n, t in real.items()
+    }
+    assert all(t.is_meta for t in specs.values())
+
+
+def test_nccl_specs_follow_the_header_and_refuse_a_mismatch(config):
+    expected = meta_tensors(config)
+    header, _ = build_header(tiny_model().state_dict(), version=1)
+    header.transport = weights_pb2.WEIGHT_TRANSPORT_NCCL
+    specs = nccl_tensor_specs(header, expected)
+    assert [s[0] for s in specs] == [t.name for t in header.tensors]
+    assert specs[0][1] == "float32" and getattr(torch, specs[0][1]) is torch.float32
+    del header.tensors[-1]
+    with pytest.raises(RequestError) as caught:
+        nccl_tensor_specs(header, expected)
+    assert caught.value.field == "header.tensors"
