@@ -1,1 +1,59 @@
+"""The env-server and its environment SDK.
 
+An environment is a taskset (seeded, generated), a harness (the loop that talks to the model,
+tools and users) and a scorer. Write one by subclassing `Environment`:
+
+    class MyEnv(Environment):
+        def __init__(self, seed: int = 0):
+            self.taskset = GeneratedTaskset(draw, seed)
+            self.harness = SingleTurnHarness()
+
+        def score(self, task: Task, episode: Episode) -> Score:
+            return Score.of("correct", exact_match(episode.answer, task.data["answer"]))
+
+and name it in the run config as a built-in id (rlrun.env_server.registry) or as an import
+path `package.module:MyEnv`.
+"""
+
+from rlrun.env_server.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
+from rlrun.env_server.completion import Completion
+from rlrun.env_server.conversation import Conversation
+from rlrun.env_server.environment import Environment
+from rlrun.env_server.episode import POLICY, Episode, generate_group
+from rlrun.env_server.errors import InvalidModelOutput, ModelCallError, ToolError
+from rlrun.env_server.harness import Harness
+from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
+from rlrun.env_server.models import Model
+from rlrun.env_server.scoring import exact_match, levenshtein, similarity
+from rlrun.env_server.task import Example, Score, Task
+from rlrun.env_server.taskset import EVAL, TRAIN, GeneratedTaskset, Taskset
+
+__all__ = [
+    "EVAL",
+    "POLICY",
+    "TRAIN",
+    "BranchResult",
+    "Completion",
+    "Conversation",
+    "EnvAlgorithm",
+    "Environment",
+    "Episode",
+    "Example",
+    "GeneratedTaskset",
+    "Harness",
+    "InvalidModelOutput",
+    "Model",
+    "ModelCallError",
+    "MultiTurnHarness",
+    "Score",
+    "SingleTurnHarness",
+    "Task",
+    "Taskset",
+    "ToolCallingHarness",
+    "ToolError",
+    "exact_match",
+    "generate_group",
+    "levenshtein",
+    "sampled_advantage",
+    "similarity",
+]

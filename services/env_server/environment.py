@@ -1,0 +1,50 @@
+"""An environment: a taskset, a harness and a scorer (with an optional group-scoring hook),
+plus optionally a reference solution and algorithms of its own."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from rlrun.env_server.algorithms import EnvAlgorithm
+from rlrun.env_server.episode import Episode
+from rlrun.env_server.harness import Harness
+from rlrun.env_server.task import Score, Task
+from rlrun.env_server.taskset import Taskset
+
+
+class Environment(ABC):
+    """Subclasses set `taskset` and `harness` in `__init__(**args)`, where `args` are the env
+    entry's `args` from the run config. Construction must be cheap and free of downloads: the
+    env-server builds one instance in its main process and one in every worker."""
+
+    taskset: Taskset
+    harness: Harness
+
+    members: tuple[str, ...] = ()
+    """Member ids of a multi-agent env; empty for single-agent envs (one member, `policy`)."""
+
+    @abstractmethod
+    def score(self, task: Task, episode: Episode) -> Score:
+        """Scores one finished episode (never called for an episode that failed)."""
+
+    def score_group(self, task: Task, episodes: list[Episode]) -> list[Score]:
+        """Scores the finished episodes of one group together; override for group scoring
+        (rankings, diversity bonuses, ...). The default scores each on its own."""
+        return [self.score(task, episode) for episode in episodes]
+
+    @property
+    def group_scoring(self) -> bool:
+        return type(self).score_group is not Environment.score_group
+
+    def reference_answer(self, task: Task) -> str:
+        """The env's own solution of `task`: the text a rule-kind plan target (the warm start's
+        `oracle`) answers with. Envs without one cannot serve rule targets."""
+        raise NotImplementedError(f"{type(self).__name__} has no reference answer")
+
+    @property
+    def has_reference_answer(self) -> bool:
+        return type(self).reference_answer is not Environment.reference_answer
+
+    def algorithms(self) -> dict[str, EnvAlgorithm]:
+        """Env-owned algorithms by id (run through RunAlgorithms). Default: none."""
+        return {}

@@ -1,0 +1,100 @@
+"""Per-env logs: `<log_dir>/envs/<split>/<env name>.log`, one JSON object per line.
+
+The main process writes one line per rollout it returns; worker processes add their own
+records (tracebacks of failing harnesses) when logged with `extra={"split": ...}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rlrun.common.logs import JsonFormatter
+from rlrun.v1 import trace_pb2
+
+SERVICE = "env-server"
+
+
+def env_log_path(log_dir: Path, split: str, name: str) -> Path:
+    return Path(log_dir) / "envs" / split / f"{name}.log"
+
+
+def _file_handler(path: Path) -> logging.FileHandler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(JsonFormatter(SERVICE))
+    return handler
+
+
+class RolloutLog:
+    """One JSON line per rollout, in the log of the rollout's split."""
+
+    def __init__(self, log_dir: Path, name: str):
+        self.log_dir = Path(log_dir)
+        self.name = name
+        self._loggers: dict[str, logging.Logger] = {}
+
+    def _logger(self, split: str) -> logging.Logger:
+        logger = self._loggers.get(split)
+        if logger is None:
+            logger = logging.getLogger(f"rlrun.env_server.rollouts.{self.name}.{split}")
+            logger.propagate = False
+            logger.setLevel(logging.INFO)
+            for old in list(logger.handlers):
+                logger.removeHandler(old)
+                old.close()
+            logger.addHandler(_file_handler(env_log_path(self.log_dir, split, self.name)))
+            self._loggers[split] = logger
+        return logger
+
+    def record(self, trace: trace_pb2.Trace) -> None:
+        self._logger(trace.task.split).info(
+            "rollout",
+            extra={
+                "env": self.name,
+                "split": trace.task.split,
+                "idx": trace.task.idx,
+                "rollout_id": trace.rollout_id,
+                "group_id": trace.group_id,
+                "reward": trace.reward,
+                "rewards": {k: [v.score, v.weight] for k, v in trace.rewards.items()},
+                "stop_condition": trace_pb2.StopCondition.Name(trace.stop_condition),
+                "errors": [
+                    {"type": e.type, "message": e.message, "retryable": e.retryable} for e in trace.errors
+                ],
+                "policy_span": [trace.policy_span.start, trace.policy_span.end],
+                "total_s": trace.timing.total_s,
+            },
+        )
+
+    def close(self) -> None:
+        for logger in self._loggers.values():
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+                handler.close()
+        self._loggers.clear()
+
+
+class SplitFileHandler(logging.Handler):
+    """Writes records that carry a `split` attribute to that split's env log; ignores the rest."""
+
+    def __init__(self, log_dir: Path, name: str):
+        super().__init__()
+        self.log_dir = Path(log_dir)
+        self.name = name
+        self._files: dict[str, logging.FileHandler] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        split = getattr(record, "split", None)
+        if split is None:
+            return
+        handler = self._files.get(split)
+        if handler is None:
+            handler = self._files[split] = _file_handler(env_log_path(self.log_dir, split, self.name))
+        handler.emit(record)
+
+    def close(self) -> None:
+        for handler in self._files.values():
+            handler.close()
+        self._files.clear()
+        super().close()

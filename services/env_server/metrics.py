@@ -1,0 +1,36 @@
+"""Prometheus metrics of the env-server (`rlrun_env_server_*`); labels are bounded by the
+run's env entries, the two splits, the stop conditions and the TraceError types."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from rlrun.common.metrics import metric_name
+
+SERVICE = "env-server"
+
+ROLLOUTS = Counter(
+    metric_name(SERVICE, "rollouts", "total"),
+    "Rollouts returned, by env, split and stop condition.",
+    ["env", "split", "stop_condition"],
+)
+ROLLOUT_ERRORS = Counter(
+    metric_name(SERVICE, "rollout_errors", "total"),
+    "Rollouts returned with an error, by env and error type.",
+    ["env", "type", "retryable"],
+)
+ROLLOUT_SECONDS = Histogram(
+    metric_name(SERVICE, "rollout_duration", "seconds"),
+    "Wall time of a rollout inside its worker.",
+    ["env"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+IN_FLIGHT = Gauge(
+    metric_name(SERVICE, "in_flight", "rollouts"), "Rollouts running or waiting for a worker.", ["env"]
+)
+WORKERS = Gauge(metric_name(SERVICE, "pool", "workers"), "Worker processes of the env's pool.", ["env"])
+CANCELLED = Counter(
+    metric_name(SERVICE, "cancelled_rollouts", "total"),
+    "Rollouts cancelled through Cancel or by the caller.",
+    ["env"],
+)

@@ -1,0 +1,77 @@
+"""The models a harness talks to: one per plan target.
+
+`InferenceModel` samples from an InferenceService; `RuleModel` is a rule-kind target, played
+by the environment's own reference solution (the warm start's `oracle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.types import SamplingParams
+from rlrun.env_server.completion import Completion
+from rlrun.env_server.inference_client import InferenceClient
+
+
+class Model(Protocol):
+    async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
+        """`n` continuations of `prompt_ids` (which end with the assistant header)."""
+        ...
+
+
+def with_stop_tokens(sampling: SamplingParams, stop_token_ids: list[int]) -> SamplingParams:
+    """The plan's sampling plus the tokenizer's stop tokens: an assistant message ends there."""
+    merged = list(sampling.stop_token_ids) + [t for t in stop_token_ids if t not in sampling.stop_token_ids]
+    return dataclasses.replace(sampling, stop_token_ids=merged)
+
+
+class InferenceModel:
+    """Samples through `client` from the replicas at `addresses`. The token budget of each call
+    is the plan's max_tokens, cut to what is left of the context; with no room left it returns
+    empty `length` completions without calling. With a seed, call k uses seed + k, so that
+    separate calls of one group do not repeat each other."""
+
+    def __init__(
+        self,
+        client: InferenceClient,
+        addresses: list[str],
+        sampling: SamplingParams,
+        max_model_len: int,
+        request_id: str = "",
+    ):
+        self.client = client
+        self.addresses = addresses
+        self.sampling = sampling
+        self.max_model_len = max_model_len
+        self.request_id = request_id
+        self.calls = 0
+
+    async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            return [Completion([], [], "length") for _ in range(n)]
+        seed = None if self.sampling.seed is None else self.sampling.seed + self.calls
+        sampling = dataclasses.replace(
+            self.sampling, max_tokens=min(self.sampling.max_tokens, room), n=n, seed=seed
+        )
+        request_id = f"{self.request_id}:{self.calls}"
+        self.calls += 1
+        return await self.client.generate(self.addresses, prompt_ids, sampling, request_id)
+
+
+class RuleModel:
+    """Answers every prompt with the reference answer: `<answer><end>` as if sampled, logprobs
+    0.0 (so a supervised algorithm puts its loss on them), cut at max_tokens."""
+
+    def __init__(self, tokenizer: Tokenizer, answer: str, max_tokens: int):
+        tokens = tokenizer.encode(answer) + [tokenizer.eos_token_id]
+        self.completion = Completion(
+            tokens[:max_tokens],
+            [0.0] * min(len(tokens), max_tokens),
+            "stop" if len(tokens) <= max_tokens else "length",
+        )
+
+    async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
+        return [self.completion] * n

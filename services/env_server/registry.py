@@ -1,0 +1,43 @@
+"""Environment registry: built-in ids, or `package.module:Class` for environments that live
+outside rlrun (the module must be importable by the env-server and its workers)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rlrun.env_server.environment import Environment
+
+BUILTIN: dict[str, str] = {
+    "reverse-text": "rlrun.env_server.envs.reverse_text:ReverseText",
+    "alphabet-sort": "rlrun.env_server.envs.alphabet_sort:AlphabetSort",
+    "arithmetic": "rlrun.env_server.envs.arithmetic:Arithmetic",
+    "tool-calc": "rlrun.env_server.envs.tool_calc:ToolCalc",
+}
+
+
+def resolve(env_id: str) -> type[Environment]:
+    """The Environment class of a built-in id or an import path; ValueError when there is none."""
+    path = BUILTIN.get(env_id, env_id)
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        raise ValueError(
+            f"unknown environment {env_id!r}; built-in ids are {sorted(BUILTIN)}, "
+            "or give an import path `package.module:Class`"
+        )
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"environment {env_id!r}: cannot import {path}: {error}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ValueError(f"environment {env_id!r}: {path} is not an Environment subclass")
+    return cls
+
+
+def make_env(env_id: str, args: dict[str, Any]) -> Environment:
+    """Builds the environment with the entry's `args` as keyword arguments."""
+    cls = resolve(env_id)
+    try:
+        return cls(**args)
+    except TypeError as error:
+        raise ValueError(f"environment {env_id!r}: bad args {sorted(args)}: {error}") from None

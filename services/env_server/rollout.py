@@ -1,0 +1,237 @@
+"""Runs the rollouts of one request (RunRollout: one; RunGroup: n) and turns the episodes into
+validated traces. Everything that goes wrong inside a rollout ends up in the trace's `errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.types import GenerationPlan, PlanTarget, TaskRef, Trace, TraceError
+from rlrun.env_server.conversation import Conversation
+from rlrun.env_server.environment import Environment
+from rlrun.env_server.episode import POLICY, Episode
+from rlrun.env_server.errors import ScoringError, trace_error
+from rlrun.env_server.inference_client import InferenceClient
+from rlrun.env_server.models import InferenceModel, Model, RuleModel, with_stop_tokens
+from rlrun.env_server.task import Score, Task
+
+log = logging.getLogger("rlrun.env_server.rollout")
+
+CANCELLED = TraceError("Cancelled", "the orchestrator cancelled the rollout", retryable=False)
+
+
+@dataclass
+class RolloutJob:
+    """The validated content of a RunRollout (one id) or RunGroup (n ids) request."""
+
+    env_key: str
+    task: Task
+    plan: GenerationPlan
+    group_id: str
+    rollout_ids: list[str]
+
+
+@dataclass
+class Runtime:
+    """What rollouts need besides the environment, shared by all jobs of a worker."""
+
+    tokenizer: Tokenizer
+    client: InferenceClient
+    max_model_len: int
+
+
+def task_ref(env_key: str, task: Task) -> TaskRef:
+    return TaskRef(
+        env=env_key,
+        split=task.split,
+        idx=task.idx,
+        example_id=task.example_id,
+        data=json.dumps(task.data, separators=(",", ":"), sort_keys=True),
+    )
+
+
+def policy_target(plan: GenerationPlan) -> PlanTarget:
+    """The one target of a single-agent plan (`policy`, or e.g. the warm start's `oracle`)."""
+    if len(plan.targets) != 1:
+        raise ValueError(f"a single-agent env needs a plan with one target, got {sorted(plan.targets)}")
+    return next(iter(plan.targets.values()))
+
+
+def build_model(env: Environment, task: Task, target: PlanTarget, runtime: Runtime, request_id: str) -> Model:
+    if target.model.kind == "rule":
+        return RuleModel(runtime.tokenizer, env.reference_answer(task), target.sampling.max_tokens)
+    sampling = with_stop_tokens(target.sampling, runtime.tokenizer.stop_token_ids)
+    return InferenceModel(runtime.client, target.model.addresses, sampling, runtime.max_model_len, request_id)
+
+
+def error_traces(job: RolloutJob, error: TraceError, stop: str = "error") -> list[Trace]:
+    """Traces without messages for rollouts that never ran (e.g. their worker died)."""
+    ref = task_ref(job.env_key, job.task)
+    return [
+        Trace(
+            id=rid,
+            task=ref,
+            rollout_id=rid,
+            group_id=job.group_id,
+            member_id=POLICY,
+            errors=[error],
+            stop_condition=stop,
+        )
+        for rid in job.rollout_ids
+    ]  # type: ignore[arg-type]
+
+
+async def _drive(work: asyncio.Future, timeout_s: float, cancelled: asyncio.Event) -> str:
+    """Waits for `work`; returns `done`, `timeout` or `cancelled` (and then cancels `work`)."""
+    cancel_wait = asyncio.ensure_future(cancelled.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {work, cancel_wait}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        cancel_wait.cancel()
+    if work in done:
+        work.result()
+        return "done"
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return "cancelled" if cancelled.is_set() else "timeout"
+
+
+def _score(env: Environment, task: Task, episodes: list[Episode]) -> tuple[dict[int, Score], float]:
+    """Scores of the episodes that finished (not failed, not cancelled), by position; a failing
+    scorer fails the episodes it was scoring."""
+    started = time.perf_counter()
+    finished = [i for i, e in enumerate(episodes) if e.error is None and e.stop != "cancelled"]
+    scores: dict[int, Score] = {}
+    if finished and env.group_scoring:
+        try:
+            group = env.score_group(task, [episodes[i] for i in finished])
+            if len(group) != len(finished):
+                raise ValueError(f"score_group returned {len(group)} scores for {len(finished)} episodes")
+            scores = dict(zip(finished, group, strict=True))
+        except Exception as error:
+            for i in finished:
+                episodes[i].fail(_scoring_error(error))
+    else:
+        for i in finished:
+            try:
+                scores[i] = env.score(task, episodes[i])
+            except Exception as error:
+                episodes[i].fail(_scoring_error(error))
+    for i, score in list(scores.items()):
+        numbers = [v for c in score.rewards.values() for v in (c.score, c.weight)] + list(
+            score.metrics.values()
+        )
+        if not all(math.isfinite(v) for v in numbers):
+            episodes[i].fail(
+                _scoring_error(ValueError(f"not finite: rewards {score.rewards}, metrics {score.metrics}"))
+            )
+            del scores[i]
+    return scores, time.perf_counter() - started
+
+
+def _scoring_error(error: Exception) -> ScoringError:
+    wrapped = ScoringError("the scorer raised")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+async def run_rollouts(
+    env: Environment, job: RolloutJob, runtime: Runtime, timeout_s: float, cancelled: asyncio.Event
+) -> list[Trace]:
+    """Runs the job's rollouts through the env's harness (as one group), scores them and
+    returns one validated trace per rollout, in the order of `job.rollout_ids`."""
+    started = time.perf_counter()
+    episodes: list[Episode] = []
+    try:
+        model = build_model(
+            env, job.task, policy_target(job.plan), runtime, job.group_id or job.rollout_ids[0]
+        )
+        for _ in job.rollout_ids:
+            conversation = Conversation(runtime.tokenizer)
+            conversation.add_prompt(job.task.prompt, job.task.system)
+            episodes.append(Episode(job.task, {POLICY: conversation}, {POLICY: model}))
+    except Exception as error:
+        log.exception(
+            "env %s: cannot start rollouts of %s task %d",
+            job.env_key,
+            job.task.split,
+            job.task.idx,
+            extra={"split": job.task.split},
+        )
+        return error_traces(job, trace_error(error))
+
+    outcome = "done"
+    try:
+        outcome = await _drive(asyncio.ensure_future(env.harness.run_group(episodes)), timeout_s, cancelled)
+    except Exception as error:
+        for episode in episodes:
+            if not episode.done:
+                episode.fail(error)
+    for episode in episodes:
+        if episode.done:
+            continue
+        if outcome == "cancelled":
+            episode.stop = "cancelled"
+        elif outcome == "timeout":
+            episode.fail(TimeoutError(f"the rollout did not finish within {timeout_s:.3g} s"))
+        else:
+            episode.finish("completed")
+    scores, scoring_s = _score(env, job.task, episodes)
+    ref = task_ref(job.env_key, job.task)
+    traces = []
+    total_s = time.perf_counter() - started
+    for i, (rollout_id, episode) in enumerate(zip(job.rollout_ids, episodes, strict=True)):
+        trace = _trace(rollout_id, job, ref, episode, scores.get(i))
+        trace.timing = {"generation_s": episode.generation_s, "scoring_s": scoring_s, "total_s": total_s}
+        if episode.error is not None and trace.errors[0].type in ("HarnessError", "ScoringError"):
+            log.error(
+                "env %s rollout %s failed: %s",
+                job.env_key,
+                rollout_id,
+                trace.errors[0].message,
+                exc_info=episode.error,
+                extra={"split": job.task.split},
+            )
+        trace.validate(f"trace[{rollout_id}]")
+        traces.append(trace)
+    return traces
+
+
+def _trace(rollout_id: str, job: RolloutJob, ref: TaskRef, episode: Episode, score: Score | None) -> Trace:
+    conversation = episode.conversation
+    nodes = conversation.graph.nodes
+    metrics = {
+        "completion_tokens": float(sum(n.num_sampled for n in nodes)),
+        "assistant_turns": float(sum(n.role == "assistant" for n in nodes)),
+        **episode.metrics,
+    }
+    trace = Trace(
+        id=rollout_id,
+        task=ref,
+        nodes=nodes,
+        branches=conversation.graph.branches(),
+        rollout_id=rollout_id,
+        group_id=job.group_id,
+        member_id=POLICY,
+        is_truncated=conversation.truncated,
+        policy_span=conversation.policy_span,
+        metrics=metrics,
+    )
+    if episode.stop == "cancelled":
+        trace.stop_condition, trace.errors = "cancelled", [CANCELLED]
+    elif episode.error is not None:
+        trace.stop_condition, trace.errors = "error", [trace_error(episode.error)]
+    else:
+        assert score is not None
+        trace.stop_condition = episode.stop
+        trace.rewards, trace.reward = score.rewards, score.reward
+        trace.metrics.update(score.metrics)
+    return trace

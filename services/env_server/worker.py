@@ -1,0 +1,148 @@
+"""A pool worker process: builds its own environment and inference client and runs many
+rollout jobs concurrently on one asyncio loop.
+
+The pool and its workers exchange only picklable plain data over multiprocessing queues:
+  to the worker:   ("run", job_id, RolloutJob, timeout_s) | ("cancel", job_id) | ("stop",)
+  from the worker: ("ready",) | ("done", job_id, bytes) | ("failed", job_id, message) | ("bye",)
+`done` carries a serialized message whose field 1 is `repeated Trace traces`, the layout
+RunRolloutResponse and RunGroupResponse share, so the pool parses it as either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlrun.common.grpc_client import ClientOptions
+from rlrun.common.logs import setup_logging
+from rlrun.common.tokenizer import load_tokenizer
+from rlrun.common.wire import trace_to_proto
+from rlrun.env_server.environment import Environment
+from rlrun.env_server.inference_client import InferenceClient
+from rlrun.env_server.logs import SplitFileHandler
+from rlrun.env_server.registry import make_env
+from rlrun.env_server.rollout import RolloutJob, Runtime, run_rollouts
+from rlrun.v1 import env_pb2
+
+log = logging.getLogger("rlrun.env_server.worker")
+
+PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build its environment; picklable."""
+
+    env_key: str
+    env_id: str
+    env_args: dict[str, Any]
+    tokenizer_path: Path | None
+    checkpoint_dir: Path | None
+    max_model_len: int
+    client_options: ClientOptions = field(default_factory=ClientOptions)
+    log_dir: Path | None = None
+    log_level: str = "INFO"
+
+
+def worker_main(spec: WorkerSpec, requests: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+    """Process entry point."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the pool stops us
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    setup_logging(f"env-server/{spec.env_key}", None, spec.log_level)
+    if spec.log_dir is not None:
+        logging.getLogger().addHandler(SplitFileHandler(spec.log_dir, spec.env_key))
+    asyncio.run(_serve(spec, requests, results))
+
+
+def _pump(requests: multiprocessing.Queue, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
+    """Moves messages from the pool into the loop; a dead parent becomes `orphaned`."""
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            message = requests.get(timeout=PARENT_POLL_S)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                message = ("orphaned",)
+            else:
+                continue
+        except (EOFError, OSError):
+            message = ("orphaned",)
+        loop.call_soon_threadsafe(inbox.put_nowait, message)
+        if message[0] in ("stop", "orphaned"):
+            return
+
+
+class _Worker:
+    def __init__(self, env: Environment, runtime: Runtime, results: multiprocessing.Queue):
+        self.env = env
+        self.runtime = runtime
+        self.results = results
+        self.jobs: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
+
+    def start(self, job_id: int, job: RolloutJob, timeout_s: float) -> None:
+        cancelled = asyncio.Event()
+        task = asyncio.ensure_future(self._run(job_id, job, timeout_s, cancelled))
+        self.jobs[job_id] = (task, cancelled)
+
+    async def _run(self, job_id: int, job: RolloutJob, timeout_s: float, cancelled: asyncio.Event) -> None:
+        try:
+            traces = await run_rollouts(self.env, job, self.runtime, timeout_s, cancelled)
+            payload = env_pb2.RunGroupResponse(traces=[trace_to_proto(t) for t in traces]).SerializeToString()
+            self.results.put(("done", job_id, payload))
+        except Exception as error:
+            log.exception("job %d of env %s failed", job_id, job.env_key, extra={"split": job.task.split})
+            self.results.put(("failed", job_id, f"{type(error).__name__}: {error}"))
+        finally:
+            self.jobs.pop(job_id, None)
+
+    def cancel(self, job_id: int) -> None:
+        if job_id in self.jobs:
+            self.jobs[job_id][1].set()
+
+    async def drain(self) -> None:
+        """Cancels every job and waits until each has sent its (cancelled) traces."""
+        tasks = []
+        for task, cancelled in self.jobs.values():
+            cancelled.set()
+            tasks.append(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _serve(spec: WorkerSpec, requests: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+    tokenizer = load_tokenizer(spec.tokenizer_path, spec.checkpoint_dir)
+    client = InferenceClient(spec.client_options, tokenizer.vocab_size)
+    worker = _Worker(
+        make_env(spec.env_id, spec.env_args), Runtime(tokenizer, client, spec.max_model_len), results
+    )
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+    threading.Thread(target=_pump, args=(requests, loop, inbox), name="pool-inbox", daemon=True).start()
+    results.put(("ready",))
+    try:
+        while True:
+            message = await inbox.get()
+            if message[0] == "run":
+                worker.start(*message[1:])
+            elif message[0] == "cancel":
+                worker.cancel(message[1])
+            elif message[0] == "stop":
+                await worker.drain()
+                results.put(("bye",))
+                break
+            elif message[0] == "orphaned":
+                # Nobody reads our results any more: exiting must not wait to flush them.
+                results.cancel_join_thread()
+                break
+            else:
+                raise ValueError(f"unknown pool message {message[0]!r}")
+    finally:
+        await client.close()
