@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import socket
+
+import grpc
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, wait_for_health
@@ -56,6 +59,37 @@ async def _push_resumed_weights(
         log.error("resumed weights (version %d) did not reach %s", runtime.version, ", ".join(failed))
 
 
+def create_runtime(
+    config: RunConfig,
+    coordinator: Coordinator,
+    client: ClientOptions,
+    *,
+    resume_state: bytes = b"",
+    last_checkpoint: str = "",
+) -> TrainerRuntime:
+    """The runtime around `coordinator`, broadcasting to `config.inference.addresses`."""
+    return TrainerRuntime(
+        coordinator,
+        make_broadcaster(config, client),
+        has_replicas=bool(config.inference.addresses),
+        checkpoint_dir=checkpoint_root(config.run_dir),
+        checkpoint=config.trainer.checkpoint,
+        arch=arch_dict(config.model),
+        world_size=coordinator.learner.parallel.world_size,
+        resume_state=resume_state,
+        last_checkpoint=last_checkpoint,
+    )
+
+
+def add_trainer_service(server: grpc.aio.Server, runtime: TrainerRuntime, config: RunConfig) -> None:
+    servicer = TrainerServicer(
+        runtime,
+        vocab_size=runtime.coordinator.learner.arch.vocab_size,
+        micro_batch_tokens=config.trainer.micro_batch_tokens,
+    )
+    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, server)
+
+
 def main(config: RunConfig, args: argparse.Namespace) -> int:
     limit_threads(config.trainer.num_threads)
     parallel = init_parallelism(config.trainer)
@@ -67,13 +101,15 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
             state, resume_state = load_checkpoint(resume_from)
             learner.restore_state(state)
         if parallel.rank != 0:
-            setup_logging(
-                "trainer", log_dir_for(config, args) / f"trainer-rank{parallel.rank}.log", config.log_level
-            )
+            log_file = log_dir_for(config, args) / f"trainer-rank{parallel.rank}.log"
+            setup_logging("trainer", log_file, config.log_level)
+            # torchrun signals every rank at shutdown; these ranks leave when rank 0, having
+            # drained its calls, sends Stop (a rank gone early would fail rank 0's last command).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             serve_commands(learner, CommandChannel(parallel))
             return 0
-        channel = CommandChannel(parallel) if parallel.world_size > 1 else None
-        coordinator = Coordinator(learner, channel)
+        coordinator = Coordinator(learner, CommandChannel(parallel) if parallel.world_size > 1 else None)
 
         async def setup(ctx: ServiceContext):
             if resume_from is not None:
@@ -81,39 +117,18 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
                     "resumed from %s at step %d, version %d", resume_from, learner.step, learner.version
                 )
             client = ClientOptions.from_config(config.grpc)
-            broadcaster = make_broadcaster(config, client)
-            runtime = TrainerRuntime(
-                coordinator,
-                broadcaster,
-                has_replicas=bool(config.inference.addresses),
-                checkpoint_dir=checkpoint_root(config.run_dir),
-                checkpoint=config.trainer.checkpoint,
-                arch=arch_dict(config.model),
-                world_size=parallel.world_size,
-                resume_state=resume_state,
-                last_checkpoint=str(resume_from or ""),
+            runtime = create_runtime(
+                config, coordinator, client, resume_state=resume_state, last_checkpoint=str(resume_from or "")
             )
-            servicer = TrainerServicer(
-                runtime,
-                vocab_size=learner.arch.vocab_size,
-                micro_batch_tokens=config.trainer.micro_batch_tokens,
-            )
-            trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, ctx.server.server)
+            add_trainer_service(ctx.server.server, runtime, config)
             if learner.version > 0 and config.inference.addresses:
-                ctx.background.append(
-                    asyncio.create_task(
-                        _push_resumed_weights(
-                            runtime,
-                            list(config.inference.addresses),
-                            client,
-                            config.trainer.broadcast.timeout_s,
-                        )
-                    )
-                )
+                addresses = list(config.inference.addresses)
+                push = _push_resumed_weights(runtime, addresses, client, config.trainer.broadcast.timeout_s)
+                ctx.background.append(asyncio.create_task(push))
 
             async def cleanup() -> None:
-                await broadcaster.close()
-                if channel is not None:
+                await runtime.broadcaster.close()
+                if coordinator.channel is not None:
                     await asyncio.to_thread(coordinator.stop)
 
             return cleanup

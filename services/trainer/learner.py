@@ -208,7 +208,7 @@ class Learner:
             tokens=float(counts.total),
             tokens_rl=float(counts.rl),
             tokens_ce=float(counts.ce),
-            micro_batches=float(len(micro_batches)),
+            micro_batches_per_rank=float(len(micro_batches)),
             step_seconds=seconds,
             tokens_per_second=counts.total * grad_steps / seconds,
         )

@@ -102,7 +102,7 @@ def test_micro_batch_size_does_not_change_the_update(make_learner):
     whole, split = make_learner(), make_learner(micro_batch_tokens=48)
     batch = synthetic_batch(0)
     a, b = whole.train(batch), split.train(batch)
-    assert a.metrics["micro_batches"] == 1 and b.metrics["micro_batches"] > 2
+    assert a.metrics["micro_batches_per_rank"] == 1 and b.metrics["micro_batches_per_rank"] > 2
     assert a.metrics["loss"] == pytest.approx(b.metrics["loss"], rel=1e-5)
     for x, y in zip(params(whole), params(split), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)

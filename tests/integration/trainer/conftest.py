@@ -1,0 +1,249 @@
+"""Fixtures for the trainer's integration tests: test-only inference replicas that receive weight
+updates (a gRPC chunk stream, or the collective protocol over gloo), a dead replica address,
+and an in-process trainer server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.grpc_server import GrpcServer, ServerOptions
+from rlrun.common.model import build_model
+from rlrun.common.model.weights import PB_TO_TORCH, WeightAssembler, broadcast_tensors
+from rlrun.trainer.app import add_trainer_service, create_runtime
+from rlrun.trainer.collective_broadcast import new_process_group
+from rlrun.trainer.coordinator import Coordinator
+from rlrun.trainer.distributed import Parallelism
+from rlrun.trainer.learner import build_learner
+from rlrun.trainer.servicer import SERVICE_NAME
+from rlrun.trainer.synthetic import CONFIGS, synthetic_config
+from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2_grpc, weights_pb2
+
+torch.set_num_threads(1)
+
+INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+
+
+class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
+    """Receives weight updates as a replica would and keeps the last one. gRPC transport:
+    WeightAssembler against the model's own tensors. Collective transport: joins the header's
+    group (`backend` gloo on CPU stands in for NCCL; nccl needs `device` = a GPU) and receives
+    every tensor in header order."""
+
+    __test__ = False
+
+    def __init__(self, expected: dict[str, torch.Tensor], backend: str = "gloo", device: str = "cpu"):
+        self.expected = expected
+        self.backend = backend
+        self.device = torch.device(device)
+        self.version = 0
+        self.weights: dict[str, torch.Tensor] = {}
+        self.updates = 0
+        self.groups: dict[str, object] = {}
+
+    def _receive_collective(self, header: weights_pb2.WeightUpdateHeader) -> dict[str, torch.Tensor]:
+        rendezvous = header.nccl
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        group = self.groups.get(rendezvous.group_name)
+        if group is None:
+            timeout = timedelta(seconds=30)
+            store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=timeout)
+            prefixed = dist.PrefixStore(rendezvous.group_name, store)
+            group = new_process_group(self.backend, prefixed, rendezvous.rank, rendezvous.world_size, timeout)
+            self.groups[rendezvous.group_name] = group
+        tensors = {}
+        for spec in header.tensors:
+            tensor = torch.empty(tuple(spec.shape), dtype=PB_TO_TORCH[spec.dtype], device=self.device)
+            group.broadcast([tensor], dist.BroadcastOptions()).wait()
+            tensors[spec.name] = tensor
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {name: tensor.cpu() for name, tensor in tensors.items()}
+
+    async def UpdateWeights(self, request_iterator, context):
+        header, assembler, tensors = None, None, None
+        async for message in request_iterator:
+            if message.HasField("header"):
+                header = message.header
+                if header.transport == weights_pb2.WEIGHT_TRANSPORT_NCCL:
+                    tensors = await asyncio.to_thread(self._receive_collective, header)
+                else:
+                    assembler = WeightAssembler(header, self.expected)
+            else:
+                assembler.add(message.chunk)
+        self.weights = tensors if tensors is not None else assembler.finish()
+        self.version = header.version
+        self.updates += 1
+        return inference_pb2.UpdateWeightsResponse(version=header.version, bytes_received=header.total_bytes)
+
+    async def GetStatus(self, request, context):
+        return inference_pb2.GetInferenceStatusResponse(policy_version=self.version)
+
+
+@pytest.fixture
+def dead_address() -> str:
+    """An address nothing listens on (connections are refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@dataclass
+class Replica:
+    address: str
+    servicer: RecordingInference
+    server: GrpcServer
+
+
+@pytest.fixture
+async def start_replica(tmp_path):
+    """start_replica(model="tiny-d64", backend="gloo", device="cpu") -> a running
+    RecordingInference on 127.0.0.1."""
+    replicas: list[Replica] = []
+
+    async def start(model: str = "tiny-d64", backend: str = "gloo", device: str = "cpu") -> Replica:
+        server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
+        expected = broadcast_tensors(build_model(synthetic_config(tmp_path, model=model).model))
+        servicer = RecordingInference(expected, backend, device)
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, server.server)
+        port = await server.start()
+        server.set_serving(True)
+        replica = Replica(f"127.0.0.1:{port}", servicer, server)
+        replicas.append(replica)
+        return replica
+
+    yield start
+    for replica in replicas:
+        await replica.server.stop(0)
+
+
+@dataclass
+class TrainerUnderTest:
+    stub: trainer_pb2_grpc.TrainerServiceStub
+    runtime: object
+    learner: object
+    config: object
+
+
+@pytest.fixture
+async def start_trainer(tmp_path):
+    """start_trainer(addresses, **trainer_overrides) -> an in-process TrainerService on 127.0.0.1."""
+    started: list[tuple[GrpcServer, object, grpc.aio.Channel]] = []
+
+    async def start(addresses: list[str], **trainer) -> TrainerUnderTest:
+        trainer.setdefault("broadcast", {"retries": 1})
+        config = synthetic_config(tmp_path, trainer=trainer, inference_addresses=addresses)
+        learner = build_learner(config, Parallelism.single())
+        runtime = create_runtime(config, Coordinator(learner, None), ClientOptions())
+        server = GrpcServer(ServerOptions(shutdown_grace_s=0), [SERVICE_NAME])
+        add_trainer_service(server.server, runtime, config)
+        port = await server.start()
+        server.set_serving(True)
+        channel = open_channel(f"127.0.0.1:{port}", ClientOptions(deadline_s=60))
+        started.append((server, runtime, channel))
+        return TrainerUnderTest(trainer_pb2_grpc.TrainerServiceStub(channel), runtime, learner, config)
+
+    yield start
+    for server, runtime, channel in started:
+        await channel.close()
+        await runtime.broadcaster.close()
+        await server.stop(0)
+
+
+@pytest.fixture
+def write_run_file():
+    """write_run_file(path, output_dir, addresses, trainer) -> a TOML run file for a trainer
+    subprocess (tiny-d64, the given [trainer] settings)."""
+    return _write_run_file
+
+
+def _write_run_file(path: Path, output_dir: Path, addresses: list[str], trainer: dict) -> Path:
+    lines = [
+        f"output_dir = {json.dumps(str(output_dir))}",
+        "[model]",
+        f"config = {json.dumps(str(CONFIGS / 'models' / 'tiny-d64.json'))}",
+        f"tokenizer = {json.dumps(str(CONFIGS / 'tokenizer' / 'char.json'))}",
+        "[inference]",
+        f"addresses = {json.dumps(addresses)}",
+        "[trainer]",
+        *(f"{key} = {json.dumps(value)}" for key, value in trainer.items()),
+        "[[orchestrator.train.env]]",
+        'id = "reverse-text"',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+READY = re.compile(r"^rlrun trainer listening on (\S+)$")
+
+
+@dataclass
+class TrainerProcess:
+    process: asyncio.subprocess.Process
+    address: str
+    channel: grpc.aio.Channel
+
+    @property
+    def stub(self) -> trainer_pb2_grpc.TrainerServiceStub:
+        return trainer_pb2_grpc.TrainerServiceStub(self.channel)
+
+    async def stop(self) -> int:
+        """SIGTERM, then SIGKILL if it has not exited within 30 s; returns the exit code."""
+        await self.channel.close()
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(30):
+                    await self.process.wait()
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture
+async def spawn_trainer(tmp_path):
+    """spawn_trainer(argv) -> a trainer subprocess (`rlrun serve trainer ...` or torchrun) that
+    has printed its ready line; stopped with SIGTERM at the end of the test."""
+    spawned: list[TrainerProcess] = []
+
+    async def spawn(argv: list[str]) -> TrainerProcess:
+        stderr = open(tmp_path / f"trainer-{len(spawned)}.stderr", "wb")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env
+        )
+        address = None
+        try:
+            async with asyncio.timeout(180):
+                while address is None:
+                    line = await process.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"trainer exited before its ready line: {argv}")
+                    match = READY.match(line.decode().strip())
+                    address = match.group(1) if match else None
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+        trainer = TrainerProcess(process, address, open_channel(address, ClientOptions(deadline_s=120)))
+        spawned.append(trainer)
+        return trainer
+
+    yield spawn
+    for trainer in spawned:
+        await trainer.stop()
