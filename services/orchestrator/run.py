@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -131,6 +132,7 @@ class Run:
         self._stale_before = 0
         self._scheduler: GroupScheduler | None = None
         self._last_eval: EvalRecord | None = None
+        self._nonce = secrets.token_hex(3)  # group ids stay unique across restarts of this process
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -359,7 +361,7 @@ class Run:
                 inflight_limit=2 * warm.batch_size,
                 max_retries=orch.max_retries,
                 timeout_s=orch.rollout_timeout_s,
-                id_prefix=f"warmup-t{self.trainer_step}",
+                id_prefix=f"warmup-{self._nonce}-t{self.trainer_step}",
             ),
             max_steps=warm.max_steps,
             learning_rate=warm.lr,
@@ -384,7 +386,7 @@ class Run:
                 inflight_limit=orch.inflight_groups,
                 max_retries=orch.max_retries,
                 timeout_s=orch.rollout_timeout_s,
-                id_prefix=f"rl-t{self.trainer_step}",
+                id_prefix=f"rl-{self._nonce}-t{self.trainer_step}",
             ),
             max_steps=orch.max_steps,
             learning_rate=None,
@@ -473,7 +475,11 @@ class Run:
                 metrics.BATCH_BUILD.observe(build_seconds)
                 return BuiltStep(batch, proto, build_started - started - credit_seconds, build_seconds)
             metrics.EMPTY_BATCHES.inc()
-            rates = ", ".join(f"{k} {v:.0%}" for k, v in batch.metrics.items() if k.startswith("filter/"))
+            rates = ", ".join(
+                f"{k.removeprefix('filter/').removesuffix('_ratio')} flagged {v:.0%}"
+                for k, v in batch.metrics.items()
+                if k.startswith("filter/")
+            )
             log.warning(
                 "attempt %d/%d: all %d rollouts of the batch were filtered (%s); regenerating",
                 attempt,
@@ -656,7 +662,7 @@ class Run:
             concurrency=self.orch.inflight_groups,
             max_retries=self.orch.max_retries,
             timeout_s=self.orch.rollout_timeout_s,
-            id_prefix=f"{name}-t{self.trainer_step}",
+            id_prefix=f"{name}-{self._nonce}-t{self.trainer_step}",
             version=self.version,
             name=name,
         )

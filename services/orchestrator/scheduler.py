@@ -29,6 +29,10 @@ class AllGroupsStale(RuntimeError):
     """Nothing but stale groups for a long stretch: the replicas are not getting new weights."""
 
 
+class AllGroupsFailing(RuntimeError):
+    """Nothing but failed groups for a long stretch: retrying would only spin."""
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
     batch_size: int
@@ -67,6 +71,7 @@ class GroupScheduler:
         self._taken = 0
         self._counter = 0
         self._stale_in_a_row = 0
+        self._failed_in_a_row = 0
         self.dropped_stale = 0
         self.failed = 0
 
@@ -139,6 +144,11 @@ class GroupScheduler:
 
     # -- internals -----------------------------------------------------------------------------
 
+    @property
+    def _patience(self) -> int:
+        """Drops in a row (stale, or failed) after which the run fails instead of spinning."""
+        return max(4 * self.settings.batch_size, 64)
+
     def _stale(self, policy_start: int) -> bool:
         s = self.settings
         return s.enforce_staleness and is_stale(policy_start, self._target, s.max_off_policy_steps)
@@ -154,8 +164,7 @@ class GroupScheduler:
             self._target,
             self.settings.max_off_policy_steps,
         )
-        limit = max(4 * self.settings.batch_size, 64)
-        if self._stale_in_a_row >= limit and self._fatal is None:
+        if self._stale_in_a_row >= self._patience and self._fatal is None:
             self._fatal = AllGroupsStale(
                 f"{self._stale_in_a_row} groups in a row were too stale to train (the last: {why}, while the "
                 f"trainer is at version {self._current}); are the inference replicas receiving new weights?"
@@ -245,10 +254,16 @@ class GroupScheduler:
                 self._fatal = error
         else:
             if isinstance(result, RolloutGroup):
+                self._failed_in_a_row = 0
                 self._ready.append(result)
                 metrics.QUEUE_DEPTH.set(len(self._ready))
             else:
                 self.failed += 1
+                self._failed_in_a_row += 1
+                if self._failed_in_a_row >= self._patience and self._fatal is None:
+                    self._fatal = AllGroupsFailing(
+                        f"{self._failed_in_a_row} groups in a row failed (the last, {group_id} on env {env}: {result.reason})"
+                    )
         finally:
             self._inflight.pop(group_id, None)
             metrics.INFLIGHT.set(len(self._inflight))

@@ -1,0 +1,316 @@
+"""In-test fakes of the services the orchestrator talks to, on 127.0.0.1: an env-server that
+crafts traces (with knobs for slow, stale, failing and invalid groups), a trainer that checks
+the step sequence and stores checkpoint state, and an inference replica (health, Score)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+from rlrun.common.config import resolve_config
+from rlrun.common.grpc_server import GrpcServer, ServerOptions
+from rlrun.common.types import Branch, MessageNode, Trace, TraceError
+from rlrun.common.wire import (
+    batch_from_proto,
+    plan_from_proto,
+    task_from_proto,
+    trace_from_proto,
+    trace_to_proto,
+)
+from rlrun.v1 import (
+    env_pb2,
+    env_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    trace_pb2,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
+
+ENV_SERVICE = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name
+TRAINER_SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+STALE_TOKEN = 99
+"""Completion token of groups the fake env makes stale on purpose (it must never train)."""
+
+
+class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self, delay: float = 0.01, skip_steps=()):
+        self.step = 0
+        self.version = 0
+        self.delay = delay
+        self.skip_steps = set(skip_steps)
+        self.resume_state = b""
+        self.batches = []
+        self.checkpoints: list[tuple[int, bytes]] = []
+        self.step_reached = asyncio.Event()
+        self.crash_at: int | None = None
+
+    async def GetStatus(self, request, context):
+        return trainer_pb2.GetTrainerStatusResponse(
+            step=self.step, policy_version=self.version, resume_state=self.resume_state
+        )
+
+    async def SubmitBatch(self, request, context):
+        batch = batch_from_proto(request.batch)
+        if batch.step != self.step:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"batch.step {batch.step} != trainer step {self.step}"
+            )
+        await asyncio.sleep(self.delay)
+        self.batches.append(batch)
+        if batch.step in self.skip_steps:
+            self.skip_steps.discard(batch.step)
+            return trainer_pb2.SubmitBatchResponse(
+                step=self.step, policy_version=self.version, skipped=True, skip_reason="loss is nan"
+            )
+        self.step += 1
+        self.version += 1
+        if self.crash_at is not None and self.step >= self.crash_at:
+            self.step_reached.set()
+        return trainer_pb2.SubmitBatchResponse(
+            step=self.step, policy_version=self.version, metrics={"loss": 0.5}
+        )
+
+    async def SaveCheckpoint(self, request, context):
+        self.checkpoints.append((self.step, bytes(request.extra_state)))
+        return trainer_pb2.SaveCheckpointResponse(path=f"checkpoints/step_{self.step}", step=self.step)
+
+    def restart_from_last_checkpoint(self) -> None:
+        """What a restarted trainer does: back to its newest checkpoint, with its extra state."""
+        self.step, self.resume_state = self.checkpoints[-1]
+        self.version = self.step
+        self.crash_at = None
+
+
+class FakeEnv(env_pb2_grpc.EnvServiceServicer):
+    """RunGroup answers n single-turn traces. The knobs select RL groups by their dispatch
+    index (the counter that ends their id) and count attempts per group. Train rewards
+    alternate 1/0 within a group; the eval reward is 0.1 per policy version (capped at 1); the
+    dev reward jumps to 0.6 from version `dev_good_from`."""
+
+    def __init__(
+        self,
+        trainer: FakeTrainer,
+        env_id: str = "reverse-text",
+        *,
+        members=(),
+        algorithms=(),
+        counts=None,
+        temperature: float = 1.0,
+    ):
+        self.trainer = trainer
+        self.info = env_pb2.EnvInfo(
+            env_id=env_id,
+            task_counts=counts or {"train": 1000, "eval": 6},
+            members=list(members),
+            algorithms=list(algorithms),
+            temperature=temperature,
+        )
+        self.calls: list[env_pb2.RunGroupRequest] = []
+        self.attempts: Counter[str] = Counter()
+        self.cancels: list[str] = []
+        self.cancelled_in_flight: list[str] = []
+        self.hang_groups: set[int] = set()
+        self.stale_groups: set[int] = set()
+        self.unavailable_groups: dict[int, int] = {}
+        """group index -> attempts answered UNAVAILABLE (-1: all of them)."""
+        self.retryable_error_groups: dict[int, int] = {}
+        """group index -> attempts answered with retryable trace errors."""
+        self.fatal_error_groups: set[int] = set()
+        self.abort_code: grpc.StatusCode | None = None
+        self.sampled_logprob = -0.5
+        self.dev_good_from = 2
+        self.algorithm_calls: list[env_pb2.RunAlgorithmsRequest] = []
+        self.algorithm_value = 2.0
+        self.algorithm_mask_length_error = False
+
+    async def GetInfo(self, request, context):
+        return env_pb2.GetInfoResponse(envs=[self.info])
+
+    async def RunGroup(self, request, context):
+        self.calls.append(request)
+        self.attempts[request.group_id] += 1
+        attempt = self.attempts[request.group_id]
+        index = int(request.group_id.rsplit("-", 1)[1]) if request.group_id.startswith("rl-") else None
+        if self.abort_code is not None:
+            await context.abort(self.abort_code, "the fake env refuses")
+        if index in self.unavailable_groups and self.unavailable_groups[index] in (-1, *range(attempt, 100)):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker restarting")
+        if index in self.hang_groups:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled_in_flight.append(request.group_id)
+                raise
+        plan = plan_from_proto(request.plan)
+        task = task_from_proto(request.task)
+        [(member, target)] = plan.targets.items()
+        version = self.trainer.version
+        stale = index in self.stale_groups
+        start = version - 5 if stale else version
+        traces = []
+        for i in range(request.n):
+            rule = target.model.kind == "rule"
+            completion = [STALE_TOKEN if stale else 20 + (task.idx + i) % 10, 21, 1]
+            logprob = 0.0 if rule else self.sampled_logprob
+            if rule:
+                reward = 1.0
+            elif task.split == "eval":
+                reward = min(1.0, 0.1 * version)
+            elif target.sampling.temperature == 0:
+                reward = 0.6 if version >= self.dev_good_from else 0.1
+            else:
+                reward = float(i % 2)
+            errors = []
+            if attempt <= self.retryable_error_groups.get(index, 0):
+                errors = [TraceError("ModelCallError", "replica restarting", True)]
+            if index in self.fatal_error_groups:
+                errors = [TraceError("HarnessError", "KeyError: 'answer'", False)]
+            nodes = [
+                MessageNode("u", "user", [3, 10 + task.idx % 20], [False, False], content=f"task {task.idx}"),
+                MessageNode(
+                    "a", "assistant", completion, [True] * 3, [logprob] * 3, parent="u", content="cba"
+                ),
+            ]
+            task.data = '{"answer": "cba"}'
+            traces.append(
+                Trace(
+                    id=f"{request.group_id}/{i}",
+                    task=task,
+                    nodes=nodes,
+                    branches=[Branch(["u", "a"])],
+                    rollout_id=f"{request.group_id}/{i}",
+                    group_id=request.group_id,
+                    member_id=member,
+                    reward=reward,
+                    policy_span=(start, version),
+                    errors=errors,
+                    stop_condition="error" if errors else "completed",
+                )
+            )
+        return env_pb2.RunGroupResponse(traces=[trace_to_proto(t) for t in traces])
+
+    async def RunAlgorithms(self, request, context):
+        self.algorithm_calls.append(request)
+        results = []
+        for msg in request.traces:
+            trace = trace_from_proto(msg)
+            n = trace.branch_length(0)
+            mask = [False, False] + [True] * (n - 2)
+            if self.algorithm_mask_length_error:
+                mask = mask[:-1]
+            values = [0.0, 0.0] + [self.algorithm_value] * (n - 2)
+            results.append(
+                env_pb2.BranchResult(
+                    trace_id=trace.id,
+                    branch_index=0,
+                    mask=mask,
+                    channels=[trace_pb2.AdvantageChannel(loss=trace_pb2.LOSS_TYPE_RL, values=values)],
+                )
+            )
+        return env_pb2.RunAlgorithmsResponse(results=results)
+
+    async def Cancel(self, request, context):
+        self.cancels.extend(request.group_ids)
+        return env_pb2.CancelResponse(cancelled=len(request.group_ids))
+
+
+class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
+    """Score: every token gets logprob -0.25, after `delay`; records the peak concurrency."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.active = 0
+        self.peak = 0
+
+    async def Score(self, request, context):
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.active -= 1
+        return inference_pb2.ScoreResponse(logprobs=[-0.25] * (len(request.token_ids) - request.start))
+
+
+@contextlib.asynccontextmanager
+async def serving(name: str, add, servicer):
+    server = GrpcServer(ServerOptions(host="127.0.0.1", port=0, shutdown_grace_s=0.0), [name])
+    add(servicer, server.server)
+    await server.start()
+    server.set_serving(True)
+    try:
+        yield server.address
+    finally:
+        await server.stop(0.0)
+
+
+class Stack:
+    """A fake trainer, one fake env per env entry and one inference replica, all serving."""
+
+    stale_token = STALE_TOKEN
+
+    def __init__(self, trainer, envs, inference, addresses):
+        self.trainer = trainer
+        self.envs = envs
+        self.inference = inference
+        self.addresses = addresses
+
+    @property
+    def env(self) -> FakeEnv:
+        return self.envs[0]
+
+    def config(self, tmp_path: Path, **orchestrator):
+        """A small run: 2 groups of 2 per step, 4 RL steps, eval of 6 tasks every 2 steps."""
+        envs = orchestrator.pop("env", [{"id": "reverse-text"}])
+        raw = {
+            "name": "test",
+            "output_dir": str(tmp_path / "run"),
+            "model": {"max_model_len": 32},
+            "inference": {"addresses": [self.addresses["inference"]]},
+            "trainer": orchestrator.pop("trainer", {}) | {"address": self.addresses["trainer"]},
+            "grpc": {"deadline_s": 30.0} | orchestrator.pop("grpc", {}),
+            "orchestrator": {
+                "max_steps": 4,
+                "batch_size": 2,
+                "group_size": 2,
+                "startup_timeout_s": 20.0,
+                "train": {
+                    "sampling": {"max_completion_tokens": 8},
+                    "env": [e | {"address": a} for e, a in zip(envs, self.addresses["envs"], strict=False)],
+                },
+                "eval": {"num_tasks": 6, "interval": 2},
+                **orchestrator,
+            },
+        }
+        return resolve_config(raw)[0]
+
+
+@pytest.fixture
+async def stack():
+    trainer = FakeTrainer()
+    envs = [FakeEnv(trainer), FakeEnv(trainer, env_id="arithmetic")]
+    inference = FakeInference()
+    async with contextlib.AsyncExitStack() as exits:
+        addresses = {
+            "trainer": await exits.enter_async_context(
+                serving(TRAINER_SERVICE, trainer_pb2_grpc.add_TrainerServiceServicer_to_server, trainer)
+            ),
+            "inference": await exits.enter_async_context(
+                serving(
+                    INFERENCE_SERVICE, inference_pb2_grpc.add_InferenceServiceServicer_to_server, inference
+                )
+            ),
+            "envs": [
+                await exits.enter_async_context(
+                    serving(ENV_SERVICE, env_pb2_grpc.add_EnvServiceServicer_to_server, e)
+                )
+                for e in envs
+            ],
+        }
+        yield Stack(trainer, envs, inference, addresses)
