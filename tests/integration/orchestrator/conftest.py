@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from rlrun.common.config import resolve_config
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.types import Branch, MessageNode, Trace, TraceError

@@ -7,6 +7,7 @@ import json
 
 import grpc
 import pytest
+
 from rlrun.orchestrator.run import Run
 from rlrun.orchestrator.status import RunStatus
 

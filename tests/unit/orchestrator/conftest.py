@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from rlrun.common.types import Branch, MessageNode, TaskRef, Trace, TraceError
 from rlrun.orchestrator.group import RolloutGroup
 

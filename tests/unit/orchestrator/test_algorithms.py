@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from rlrun.common.config import ConfigError
 from rlrun.common.types import Channel, WireError
 from rlrun.orchestrator.algorithms import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rlrun.common.config import ConfigError
 from rlrun.common.types import Channel
 from rlrun.orchestrator.algorithms import AlgorithmDeps, BranchResult, EnvOwnedAlgorithms

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rlrun.common.types import TaskRef
 from rlrun.orchestrator.evaluation import eval_tasks, result_rows, summarize
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from rlrun.common.config import FiltersConfig
 from rlrun.common.types import RewardComponent
 from rlrun.orchestrator.algorithms.base import credit_sampled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rlrun.common.config import ConfigError, resolve_config
 from rlrun.common.types import ModelEndpoint
 from rlrun.orchestrator.plan import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+
 from rlrun.orchestrator.retry import Verdict, classify_traces, may_retry, rpc_is_retryable
 
 

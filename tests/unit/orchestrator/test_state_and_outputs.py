@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rlrun.orchestrator.outputs import RunOutputs
 from rlrun.orchestrator.state import OrchestratorState
 
