@@ -85,6 +85,9 @@ def configure_settings(settings: kopf.OperatorSettings, options: OperatorOptions
     # Events come from kopf.event() on transitions, not from every log line of every tick.
     settings.posting.level = logging.WARNING
     settings.peering.standalone = True
+    # On deletion kopf re-checks a stopping status timer this often before it releases the
+    # finalizer (its default, 60 s, would hold every deleted run for a minute).
+    settings.background.cancellation_polling = min(5.0, max(0.1, options.status_interval_s))
     return settings
 
 

@@ -1,0 +1,213 @@
+"""The kopf operator end to end against the KMock API emulator and a stand-in orchestrator:
+apply an RLRun -> children with owner references -> status from the orchestrator's GetStatus ->
+suspend and resume -> the run finishes (pods go, storage stays) -> delete -> finalizer released.
+
+The emulator serves from the test's event loop, so blocking client calls run in threads
+(`call`, and `eventually` runs plain checks in a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+
+import yaml
+
+from rlrun.v1 import orchestrator_pb2
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = yaml.safe_load((REPO / "configs" / "k8s" / "rlrun.yaml").read_text())
+NS = SAMPLE["metadata"]["namespace"]
+NAME = SAMPLE["metadata"]["name"]
+RLRUN = ("rlrun.dev/v1alpha1", "RLRun")
+WORKLOADS = {
+    ("apps/v1", "StatefulSet", f"{NAME}-inference"),
+    ("apps/v1", "StatefulSet", f"{NAME}-trainer"),
+    ("apps/v1", "Deployment", f"{NAME}-orchestrator"),
+    ("apps/v1", "Deployment", f"{NAME}-env-reverse-text"),
+}
+KEPT = {
+    ("v1", "ConfigMap", f"{NAME}-config"),
+    ("v1", "PersistentVolumeClaim", f"{NAME}-checkpoints"),
+    ("v1", "Service", f"{NAME}-inference"),
+    ("v1", "Service", f"{NAME}-trainer"),
+    ("v1", "Service", f"{NAME}-orchestrator"),
+    ("v1", "Service", f"{NAME}-env-reverse-text"),
+}
+KINDS = (
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("v1", "PersistentVolumeClaim"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "Deployment"),
+)
+
+
+async def call(fn, *args):
+    return await asyncio.to_thread(fn, *args)
+
+
+def present(kube) -> set[tuple[str, str, str]]:
+    found = set()
+    for api_version, kind in KINDS:
+        found |= {
+            (api_version, kind, o["metadata"]["name"])
+            for o in kube.list(api_version, kind, NS, {"rlrun.dev/run": NAME})
+        }
+    return found
+
+
+def get_run(kube):
+    return kube.get(*RLRUN, NS, NAME)
+
+
+def phase_is(kube, phase):
+    def check():
+        run = get_run(kube)
+        return (run or {}).get("status", {}).get("phase") == phase and run
+
+    return check
+
+
+def conditions(run):
+    return {c["type"]: c["status"] for c in run["status"]["conditions"]}
+
+
+def mark_ready(kube):
+    """Plays the StatefulSet/Deployment controllers: every replica becomes ready."""
+    for api_version, kind, name in WORKLOADS:
+        replicas = kube.get(api_version, kind, NS, name)["spec"]["replicas"]
+        kube.patch(
+            api_version,
+            kind,
+            NS,
+            name,
+            {"status": {"replicas": replicas, "readyReplicas": replicas}},
+            "status",
+        )
+
+
+def events(k8s) -> list[dict]:
+    return [o.raw for key, o in k8s.objects.items() if key[0].plural == "events" and not o.deleted]
+
+
+async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, eventually):
+    await run_operator(
+        status_interval_s=0.2, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
+    )
+    run = await call(kube.create, copy.deepcopy(SAMPLE))
+    uid = run["metadata"]["uid"]
+
+    # 1-2. The children appear, each owned by the run.
+    await eventually(lambda: present(kube) == WORKLOADS | KEPT, message="children created")
+    for api_version, kind, name in WORKLOADS | KEPT:
+        obj = await call(kube.get, api_version, kind, NS, name)
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("RLRun", NAME, uid, True)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == NAME
+    config_map = await call(kube.get, "v1", "ConfigMap", NS, f"{NAME}-config")
+    assert (
+        f'address = "{NAME}-orchestrator.{NS}.svc.cluster.local:50051"' in config_map["data"]["config.toml"]
+    )
+
+    # Pending: the orchestrator says so and nothing is ready yet.
+    run = await eventually(phase_is(kube, "Pending"), message="phase Pending")
+    assert "rlrun.dev/finalizer" in run["metadata"]["finalizers"]
+    assert run["status"]["observedGeneration"] == run["metadata"]["generation"] == 1
+    assert conditions(run)["ConfigValid"] == "True"
+    assert conditions(run)["InferenceReady"] == "False"
+
+    # 3. The status follows the stand-in orchestrator.
+    await call(mark_ready, kube)
+    orchestrator_stub.response = orchestrator_pb2.GetRunStatusResponse(
+        phase=orchestrator_pb2.RUN_PHASE_RUNNING,
+        step=7,
+        max_steps=100,
+        policy_version=7,
+        train_reward=0.625,
+        eval_reward=0.5,
+        off_policy_lag=1,
+        tokens_per_s=1234.5,
+    )
+
+    def running_at_step_7():
+        run = get_run(kube)
+        return run["status"].get("phase") == "Running" and run["status"].get("step") == 7 and run
+
+    run = await eventually(running_at_step_7, message="phase Running at step 7")
+    status = run["status"]
+    assert (status["policyVersion"], status["reward"], status["evalReward"], status["maxSteps"]) == (
+        7,
+        0.625,
+        0.5,
+        100,
+    )
+    assert status["tokensPerSecond"] == 1234.5 and status["startTime"]
+    assert conditions(run) == {
+        "ConfigValid": "True",
+        "InferenceReady": "True",
+        "EnvServersReady": "True",
+        "TrainerReady": "True",
+        "Progressing": "True",
+        "Degraded": "False",
+    }
+    assert orchestrator_stub.calls >= 2
+    await eventually(
+        lambda: any(e.get("reason") == "Running" for e in events(k8s)), message="a Running event"
+    )
+    assert all(e["involvedObject"]["uid"] == uid for e in events(k8s))
+
+    # Suspend: the pods go; storage, config and Services stay. Resume brings the pods back.
+    await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"suspend": True}})
+    await eventually(lambda: present(kube) == KEPT, message="workloads deleted on suspend")
+    run = await eventually(phase_is(kube, "Suspended"), message="phase Suspended")
+    assert run["status"]["observedGeneration"] == 2
+    await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"suspend": False}})
+    await eventually(lambda: present(kube) == WORKLOADS | KEPT, message="workloads back after resume")
+    await call(mark_ready, kube)
+    await eventually(phase_is(kube, "Running"), message="Running again")
+
+    # The run finishes: the GPUs are freed (workloads deleted), the PVC stays, the phase sticks.
+    orchestrator_stub.response = orchestrator_pb2.GetRunStatusResponse(
+        phase=orchestrator_pb2.RUN_PHASE_SUCCEEDED,
+        step=100,
+        max_steps=100,
+        policy_version=100,
+        train_reward=0.9,
+    )
+    run = await eventually(phase_is(kube, "Succeeded"), message="phase Succeeded")
+    assert run["status"]["completionTime"] and run["status"]["step"] == 100
+    await eventually(lambda: present(kube) == KEPT, message="workloads deleted once finished")
+    orchestrator_stub.response = orchestrator_pb2.GetRunStatusResponse(
+        phase=orchestrator_pb2.RUN_PHASE_PENDING
+    )
+    await asyncio.sleep(0.6)
+    assert (await call(get_run, kube))["status"]["phase"] == "Succeeded"
+
+    # 4-5. Delete: the children go, then the finalizer is released and the object disappears.
+    await call(kube.delete, *RLRUN, NS, NAME)
+    await eventually(lambda: get_run(kube) is None, message="RLRun gone after its finalizer")
+    assert await call(present, kube) == set()
+
+
+async def test_invalid_config_creates_no_pods(k8s, kube, run_operator, orchestrator_stub, eventually):
+    await run_operator(status_interval_s=0.2, status_address=f"127.0.0.1:{orchestrator_stub.port}")
+    bad = copy.deepcopy(SAMPLE)
+    bad["spec"]["config"] = bad["spec"]["config"].replace("group_size = 8", "group_size = 0")
+    await call(kube.create, bad)
+    run = await eventually(phase_is(kube, "Failed"), message="phase Failed")
+    valid = next(c for c in run["status"]["conditions"] if c["type"] == "ConfigValid")
+    assert valid["status"] == "False" and valid["reason"] == "InvalidConfig"
+    assert "orchestrator.group_size" in valid["message"]
+    await asyncio.sleep(0.5)
+    assert await call(present, kube) == set()
+    assert orchestrator_stub.calls == 0
+    await eventually(
+        lambda: any(e.get("reason") == "InvalidConfig" for e in events(k8s)), message="a warning event"
+    )
+
+    # Fixing the spec recovers the run.
+    await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"config": SAMPLE["spec"]["config"]}})
+    await eventually(lambda: present(kube) == WORKLOADS | KEPT, message="children after the fix")
+    run = await eventually(phase_is(kube, "Pending"), message="phase Pending after the fix")
+    assert conditions(run)["ConfigValid"] == "True"
