@@ -27,16 +27,25 @@ class FilterHit:
 def is_gibberish(trace: Trace, vocab_size: int, token_id_above: int, logprob_offset: float) -> bool:
     threshold = -math.log(vocab_size) - logprob_offset
     for node in trace.nodes:
-        logprobs = iter(node.logprobs)
-        for token, sampled in zip(node.token_ids, node.sampled_mask, strict=True):
-            if sampled and next(logprobs) < threshold and token > token_id_above:
-                return True
+        if not node.logprobs or min(node.logprobs) >= threshold:
+            continue
+        sampled = [token for token, s in zip(node.token_ids, node.sampled_mask, strict=True) if s]
+        if any(
+            lp < threshold and token > token_id_above
+            for token, lp in zip(sampled, node.logprobs, strict=True)
+        ):
+            return True
     return False
 
 
 def has_repetition(trace: Trace, window: int, logprob_above: float) -> bool:
     run = 0
     for node in trace.nodes:
+        if not node.logprobs:
+            continue
+        if max(node.logprobs) <= logprob_above:
+            run = 0
+            continue
         for logprob in node.logprobs:
             run = run + 1 if logprob > logprob_above else 0
             if run >= window:

@@ -266,10 +266,11 @@ class Stack:
     def env(self) -> FakeEnv:
         return self.envs[0]
 
-    def config(self, tmp_path: Path, **orchestrator):
-        """A small run: 2 groups of 2 per step, 4 RL steps, eval of 6 tasks every 2 steps."""
+    def raw(self, tmp_path: Path, **orchestrator) -> dict:
+        """A small run file: 2 groups of 2 per step, 4 RL steps, eval of 6 tasks every 2 steps;
+        keyword arguments override [orchestrator] keys (and `trainer`, `grpc`, `env` tables)."""
         envs = orchestrator.pop("env", [{"id": "reverse-text"}])
-        raw = {
+        return {
             "name": "test",
             "output_dir": str(tmp_path / "run"),
             "model": {"max_model_len": 32},
@@ -289,7 +290,9 @@ class Stack:
                 **orchestrator,
             },
         }
-        return resolve_config(raw)[0]
+
+    def config(self, tmp_path: Path, **orchestrator):
+        return resolve_config(self.raw(tmp_path, **orchestrator))[0]
 
 
 @pytest.fixture
@@ -315,3 +318,9 @@ async def stack():
             ],
         }
         yield Stack(trainer, envs, inference, addresses)
+
+
+@pytest.fixture
+def serve():
+    """`async with serve(service_name, add_fn, servicer) as address`: a servicer on 127.0.0.1."""
+    return serving
