@@ -73,10 +73,13 @@ class GeneratedTaskset(Taskset):
     def _draw_eval(self, size: int) -> list[Example]:
         rng = random.Random(f"{self.seed}:{EVAL}")
         examples: dict[str, Example] = {}
-        for _ in range(size * self.eval_buckets * self.max_draws):
+        fruitless = 0
+        while fruitless < self.eval_buckets * self.max_draws:
             example = self.draw(rng)
-            if in_eval_bucket(example.key, self.eval_buckets):
-                examples.setdefault(example.key, example)
+            fruitless += 1
+            if in_eval_bucket(example.key, self.eval_buckets) and example.key not in examples:
+                examples[example.key] = example
+                fruitless = 0
                 if len(examples) == size:
                     return list(examples.values())
         raise ValueError(
