@@ -179,7 +179,6 @@ def crd() -> dict[str, Any]:
                 "plural": PLURAL,
                 "singular": SINGULAR,
                 "shortNames": list(SHORT_NAMES),
-                "categories": ["rlrun"],
             },
             "versions": [
                 {

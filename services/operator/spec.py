@@ -55,6 +55,7 @@ class SpecError(ValueError):
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # as the API server: "yes" is not a boolean, "3" is not an integer
         alias_generator=to_camel,
         populate_by_name=True,
         use_attribute_docstrings=True,

@@ -15,7 +15,10 @@ streams watch events, but it is not an API server. This fixture fills in, on eve
 - the status subresource: a patch of `/status` changes only `status`, and a patch or create of
   the main resource ignores `status`, for the resources declared with a status subresource;
 - validation of RLRun objects against the CRD's OpenAPI schema (422 Invalid), as the API server
-  does with a structural schema (CEL rules are not evaluated).
+  does with a structural schema (CEL rules are not evaluated);
+- `apiVersion` and `kind` (`<Kind>List`) on list responses (kubectl refuses a list without them);
+- discovery: subresources (`rlruns/status`) listed without the short names of their resource
+  (KMock copies them, which makes `kubectl get rlr` ambiguous).
 
 Still not emulated, and not needed here: garbage collection through ownerReferences (the
 operator's delete handler removes the children itself, which the test checks), label selectors
@@ -52,7 +55,6 @@ _RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
         singular="rlrun",
         namespaced=True,
         shortnames={"rlr"},
-        categories={"rlrun"},
         subresources={"status"},
     ),
     ("", "v1", "configmaps"): dict(
@@ -200,6 +202,21 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 meta["generation"] = int(current["metadata"].get("generation", 1)) + 1
         if request.resource.plural == "rlruns" and not status_only:
             self._validate_rlrun(_merge_patch(current, data))
+
+    async def _serve_list(self, request: Any) -> Any:
+        result = await super()._serve_list(request)
+        resource = request.resource
+        group_version = f"{resource.group}/{resource.version}" if resource.group else resource.version
+        kind = next((self.resources[r].kind for r in self.resources if r == resource), None) or "Object"
+        return {"apiVersion": group_version, "kind": f"{kind}List", **result}
+
+    async def _serve_version(self, request: Any) -> Any:
+        result = await super()._serve_version(request)
+        for entry in result.get("resources", []):
+            if "/" in entry["name"]:
+                entry["shortNames"] = []
+                entry["categories"] = []
+        return result
 
     async def _handle(self, request: Any) -> Any:
         if request.resource is not None and isinstance(request.data, dict | list):

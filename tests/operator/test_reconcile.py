@@ -1,0 +1,476 @@
+"""Pure reconciliation: RLRun specs -> Kubernetes objects, checked object by object, and every
+rendered object validated against the official Kubernetes schemas (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate.utils
+import pytest
+import yaml
+
+from rlrun.common.config import resolve_config
+from rlrun.operator.reconcile import GPU, KUEUE_QUEUE_LABEL, Defaults, desired_state
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((REPO / "operator" / "samples").glob("*.yaml")) + [REPO / "configs" / "k8s" / "rlrun.yaml"]
+K8S_VERSION = "1.30.0"
+UID = "0b7c6a4e-1111-4222-8333-944455556666"
+
+BASE_CONFIG = """
+name = "t"
+[model]
+max_model_len = 32
+[orchestrator]
+max_steps = 10
+[orchestrator.train.sampling]
+max_completion_tokens = 12
+[[orchestrator.train.env]]
+id = "reverse-text"
+"""
+
+
+def load(path: Path) -> dict:
+    run = yaml.safe_load(path.read_text())
+    run["metadata"]["uid"] = UID
+    return run
+
+
+def make_run(name: str = "r", config: str = BASE_CONFIG, **spec) -> dict:
+    return {
+        "apiVersion": "rlrun.dev/v1alpha1",
+        "kind": "RLRun",
+        "metadata": {"name": name, "namespace": "ns", "uid": UID, "generation": 1},
+        "spec": {"config": config, **spec},
+    }
+
+
+def objects(state) -> dict[tuple[str, str], dict]:
+    assert state.error is None, state.error
+    return {(o["kind"], o["metadata"]["name"]): o for o in state.objects}
+
+
+def container(obj: dict) -> dict:
+    (only,) = obj["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def pod(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]
+
+
+def rendered(state) -> dict:
+    return tomllib.loads(state.rendered.toml)
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("suspend", [False, True])
+def test_every_rendered_object_passes_kubernetes_validate_strict(path, suspend):
+    run = load(path)
+    run["spec"]["suspend"] = suspend
+    state = desired_state(run)
+    assert state.error is None, state.error
+    assert state.objects
+    for obj in state.objects:
+        kubernetes_validate.utils.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_object_is_owned_labelled_and_restricted(path):
+    run = load(path)
+    run["spec"]["suspend"] = False
+    for obj in desired_state(run).objects:
+        meta = obj["metadata"]
+        assert meta["namespace"] == run["metadata"]["namespace"]
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "rlrun.dev/v1alpha1",
+            "kind": "RLRun",
+            "name": run["metadata"]["name"],
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/name"] == "rlrun"
+        assert labels["app.kubernetes.io/instance"] == run["metadata"]["name"]
+        assert labels["app.kubernetes.io/managed-by"] == "rlrun-operator"
+        assert labels["app.kubernetes.io/part-of"] == "rlrun"
+        assert "app.kubernetes.io/component" in labels
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            spec = pod(obj)
+            security = spec["securityContext"]
+            assert security["runAsNonRoot"] is True and security["seccompProfile"] == {
+                "type": "RuntimeDefault"
+            }
+            assert spec["automountServiceAccountToken"] is False
+            c = container(obj)
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            selector = obj["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_sample_reverse_text_on_one_inference_and_one_trainer_gpu():
+    state = desired_state(load(REPO / "configs" / "k8s" / "rlrun.yaml"))
+    objs = objects(state)
+    inference = objs[("StatefulSet", "reverse-text-inference")]
+    trainer = objs[("StatefulSet", "reverse-text-trainer")]
+    assert container(inference)["resources"]["limits"] == {GPU: 1}
+    assert container(trainer)["resources"]["limits"] == {GPU: 1}
+    assert container(inference)["args"][:2] == ["serve", "inference"]
+    assert container(inference)["args"][2:] == [
+        "--config",
+        "/etc/rlrun/config.toml",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "50051",
+        "--metrics-port",
+        "9090",
+    ]
+    assert container(inference)["readinessProbe"]["grpc"] == {"port": 50051}
+    assert container(inference)["livenessProbe"]["grpc"] == {"port": 50051}
+    assert objs[("Service", "reverse-text-inference")]["spec"]["clusterIP"] == "None"
+    env = objs[("Deployment", "reverse-text-env-reverse-text")]
+    assert container(env)["args"][:2] == ["serve", "env-server"]
+    assert container(env)["args"][-2:] == ["--env", "reverse-text"]
+    assert objs[("Deployment", "reverse-text-orchestrator")]["spec"]["strategy"] == {"type": "Recreate"}
+    assert objs[("PersistentVolumeClaim", "reverse-text-checkpoints")]["spec"]["resources"]["requests"] == {
+        "storage": "10Gi"
+    }
+    volumes = {v["name"]: v for v in pod(trainer)["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "reverse-text-checkpoints"}
+
+    toml = rendered(state)
+    domain = "default.svc.cluster.local"
+    assert toml["inference"]["addresses"] == [
+        f"reverse-text-inference-0.reverse-text-inference.{domain}:50051"
+    ]
+    assert toml["trainer"]["address"] == f"reverse-text-trainer-0.reverse-text-trainer.{domain}:50051"
+    assert toml["orchestrator"]["address"] == f"reverse-text-orchestrator.{domain}:50051"
+    assert (
+        toml["orchestrator"]["train"]["env"][0]["address"] == f"reverse-text-env-reverse-text.{domain}:50051"
+    )
+    assert toml["orchestrator"]["train"]["env"][0]["pool"] == {"type": "static", "num_workers": 2}
+    assert toml["inference"]["device"] == toml["trainer"]["device"] == "cuda"
+    assert toml["output_dir"] == "/data/reverse-text"
+    # The run file the pods read is a valid run config.
+    config, _ = resolve_config(copy.deepcopy(toml))
+    assert config.orchestrator.max_steps == 100
+    config_map = objs[("ConfigMap", "reverse-text-config")]
+    assert config_map["data"]["config.toml"] == state.rendered.toml
+
+
+def test_gpu_placement_merges_global_and_component_settings():
+    run = make_run(
+        inference={
+            "replicas": 3,
+            "engine": "vllm",
+            "gpusPerReplica": 2,
+            "resources": {"requests": {"cpu": "4", GPU: 7}, "limits": {"memory": "32Gi"}},
+            "placement": {
+                "nodeSelector": {"gpu": "h100"},
+                "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                },
+                "topologySpread": [{"topologyKey": "topology.kubernetes.io/zone"}],
+            },
+        },
+        placement={
+            "nodeSelector": {"pool": "rl", "gpu": "any"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"}],
+            "affinity": {"podAffinity": {}},
+        },
+    )
+    state = desired_state(run)
+    objs = objects(state)
+    inference = objs[("StatefulSet", "r-inference")]
+    spec = pod(inference)
+    assert inference["spec"]["replicas"] == 3
+    assert container(inference)["resources"] == {
+        "requests": {"cpu": "4"},
+        "limits": {"memory": "32Gi", GPU: 2},
+    }
+    assert spec["nodeSelector"] == {"pool": "rl", "gpu": "h100"}  # the component wins
+    assert spec["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": GPU, "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    assert "nodeAffinity" in spec["affinity"] and "podAffinity" not in spec["affinity"]
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["labelSelector"] == {"matchLabels": inference["spec"]["selector"]["matchLabels"]}
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway" and spread["maxSkew"] == 1
+    assert {v["name"]: v for v in spec["volumes"]}["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory"}}
+    # CPU-only components get the global placement and no GPU toleration.
+    orchestrator = pod(objs[("Deployment", "r-orchestrator")])
+    assert orchestrator["nodeSelector"] == {"pool": "rl", "gpu": "any"}
+    assert all(t["key"] != GPU for t in orchestrator["tolerations"])
+    assert "resources" not in container(objs[("Deployment", "r-orchestrator")])
+    toml = rendered(state)
+    assert toml["inference"]["engine"] == "vllm"
+    assert toml["inference"]["vllm"]["tensor_parallel_size"] == 2
+    assert len(toml["inference"]["addresses"]) == 3
+    assert toml["inference"]["addresses"][2].startswith("r-inference-2.r-inference.ns.svc.")
+
+
+def test_external_env_servers_get_no_pods_only_addresses():
+    state = desired_state(load(REPO / "operator" / "samples" / "external-env.yaml"))
+    objs = objects(state)
+    components = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objs.values()}
+    assert components == {"config", "inference", "orchestrator", "trainer"}
+    envs = {e.get("name") or e["id"]: e for e in rendered(state)["orchestrator"]["train"]["env"]}
+    assert envs["remote-reverse"]["address"] == "reverse-text.envs.svc.cluster.local:50051"
+    assert envs["alphabet-sort"]["address"] == "alphabet-sort.envs.svc.cluster.local:50051"
+    assert state.rendered.env_servers == []
+
+
+def test_env_servers_split_environments_and_a_default_server_hosts_the_rest():
+    config = (
+        BASE_CONFIG
+        + '[[orchestrator.train.env]]\nid = "alphabet-sort"\n[[orchestrator.train.env]]\nid = "debate"\nname = "debate-a"\n'
+    )
+    run = make_run(
+        config=config,
+        envServers=[
+            {
+                "name": "sorting",
+                "envs": ["alphabet-sort"],
+                "replicas": 3,
+                "image": "example.com/env:1",
+                "pool": {"type": "elastic", "numWorkers": 2, "maxWorkers": 8},
+            }
+        ],
+    )
+    state = desired_state(run)
+    objs = objects(state)
+    sorting = objs[("Deployment", "r-env-sorting")]
+    assert sorting["spec"]["replicas"] == 3
+    assert container(sorting)["image"] == "example.com/env:1"
+    assert container(sorting)["args"][-2:] == ["--env", "alphabet-sort"]
+    default = objs[("Deployment", "r-env")]
+    assert container(default)["args"][-4:] == ["--env", "reverse-text", "--env", "debate-a"]
+    assert container(default)["image"] == Defaults().images["env-server"]
+    envs = {e.get("name") or e["id"]: e for e in rendered(state)["orchestrator"]["train"]["env"]}
+    assert envs["alphabet-sort"]["address"] == "r-env-sorting.ns.svc.cluster.local:50051"
+    assert envs["alphabet-sort"]["pool"] == {"type": "elastic", "num_workers": 2, "max_workers": 8}
+    assert (
+        envs["debate-a"]["address"] == envs["reverse-text"]["address"] == "r-env.ns.svc.cluster.local:50051"
+    )
+
+
+def test_an_env_server_for_an_unknown_environment_is_a_config_error():
+    state = desired_state(make_run(envServers=[{"name": "nope", "replicas": 1}]))
+    assert state.objects == []
+    assert "spec.envServers[nope]" in state.error_message and "'nope'" in state.error_message
+
+
+def test_multi_node_trainer_uses_torchrun_with_c10d_rendezvous_on_pod_0():
+    run = make_run(
+        trainer={"nodes": 3, "gpusPerNode": 8}, storage={"size": "1Ti", "accessModes": ["ReadWriteMany"]}
+    )
+    state = desired_state(run)
+    objs = objects(state)
+    trainer = objs[("StatefulSet", "r-trainer")]
+    c = container(trainer)
+    assert trainer["spec"]["replicas"] == 3
+    assert trainer["spec"]["podManagementPolicy"] == "Parallel"
+    assert trainer["spec"]["serviceName"] == "r-trainer"
+    assert c["command"] == ["torchrun"]
+    args = c["args"]
+    service = "r-trainer.ns.svc.cluster.local"
+    assert args[args.index("--nnodes") + 1] == "3"
+    assert args[args.index("--nproc-per-node") + 1] == "8"
+    assert args[args.index("--rdzv-backend") + 1] == "c10d"
+    assert args[args.index("--rdzv-endpoint") + 1] == f"r-trainer-0.{service}:29400"
+    assert args[args.index("--local-addr") + 1] == f"$(POD_NAME).{service}"
+    assert args[args.index("-m") : args.index("-m") + 4] == ["-m", "rlrun.cli", "serve", "trainer"]
+    assert c["resources"]["limits"] == {GPU: 8}
+    # Only rank 0 serves gRPC: no liveness or startup probe that would restart the other ranks.
+    assert "livenessProbe" not in c and "startupProbe" not in c and "readinessProbe" in c
+    assert {"name": "rdzv", "containerPort": 29400, "protocol": "TCP"} in c["ports"]
+    headless = objs[("Service", "r-trainer")]["spec"]
+    assert headless["publishNotReadyAddresses"] is True and headless["clusterIP"] == "None"
+    assert any(p["port"] == 29400 for p in headless["ports"])
+    assert rendered(state)["trainer"]["address"] == f"r-trainer-0.{service}:50051"
+    # ReadWriteMany: the orchestrator shares the checkpoint volume.
+    orchestrator = {v["name"]: v for v in pod(objs[("Deployment", "r-orchestrator")])["volumes"]}
+    assert orchestrator["data"]["persistentVolumeClaim"] == {"claimName": "r-checkpoints"}
+
+
+def test_single_node_multi_gpu_trainer_uses_standalone_torchrun_and_single_gpu_none():
+    c = container(objects(desired_state(make_run(trainer={"gpusPerNode": 4})))[("StatefulSet", "r-trainer")])
+    assert c["command"] == ["torchrun"]
+    assert c["args"][:5] == ["--standalone", "--nnodes", "1", "--nproc-per-node", "4"]
+    assert "livenessProbe" in c
+    c = container(objects(desired_state(make_run(trainer={"gpusPerNode": 1})))[("StatefulSet", "r-trainer")])
+    assert c["command"] == ["rlrun"] and c["args"][:2] == ["serve", "trainer"]
+
+
+@pytest.mark.parametrize("how", ["suspend", "finished"])
+def test_suspended_or_finished_runs_keep_storage_config_and_services_but_no_pods(how):
+    run = make_run(storage={"size": "10Gi"}, suspend=how == "suspend")
+    state = desired_state(run, finished=how == "finished")
+    kinds = sorted({kind for kind, _ in objects(state)})
+    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service"]
+    assert state.workloads == []
+    active = objects(desired_state(make_run(storage={"size": "10Gi"})))
+    assert set(objects(state)) < set(active)
+
+
+def test_kueue_queue_name_labels_every_workload_and_pod_but_no_selector():
+    sample = load(REPO / "operator" / "samples" / "kueue-structured.yaml")
+    sample["spec"]["suspend"] = False
+    state = desired_state(sample)
+    workloads = [o for o in state.objects if o["kind"] in ("StatefulSet", "Deployment")]
+    assert len(workloads) == 4
+    for obj in workloads:
+        assert obj["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a-gpus"
+        assert obj["spec"]["template"]["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a-gpus"
+        assert KUEUE_QUEUE_LABEL not in obj["spec"]["selector"]["matchLabels"]
+    for obj in state.objects:
+        if obj["kind"] not in ("StatefulSet", "Deployment"):
+            assert KUEUE_QUEUE_LABEL not in obj["metadata"]["labels"]
+    assert not any(KUEUE_QUEUE_LABEL in o["metadata"]["labels"] for o in desired_state(make_run()).objects)
+
+
+def test_tls_and_token_secrets_are_mounted_and_wired_into_the_config():
+    sample = load(REPO / "operator" / "samples" / "kueue-structured.yaml")
+    sample["spec"]["suspend"] = False
+    state = desired_state(sample)
+    objs = objects(state)
+    inference = objs[("StatefulSet", "structured-kueue-inference")]
+    volumes = {v["name"]: v for v in pod(inference)["volumes"]}
+    assert volumes["tls"]["secret"] == {"secretName": "structured-kueue-tls"}
+    assert volumes["auth"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    assert volumes["data"] == {"name": "data", "emptyDir": {}}  # only the trainer mounts the claim
+    trainer_volumes = {
+        v["name"]: v for v in pod(objs[("StatefulSet", "structured-kueue-trainer")])["volumes"]
+    }
+    assert trainer_volumes["data"]["persistentVolumeClaim"] == {"claimName": "team-a-checkpoints"}
+    assert ("PersistentVolumeClaim", "team-a-checkpoints") not in objs  # never owned
+    # kubelet gRPC probes cannot speak TLS: probe the port instead.
+    assert container(inference)["readinessProbe"]["tcpSocket"] == {"port": 50051}
+    grpc = rendered(state)["grpc"]
+    assert grpc["tls"] == {
+        "cert": "/etc/rlrun/tls/tls.crt",
+        "key": "/etc/rlrun/tls/tls.key",
+        "ca": "/etc/rlrun/tls/ca.crt",
+    }
+    assert grpc["auth_token_file"] == "/etc/rlrun/auth/token"
+    assert pod(inference)["serviceAccountName"] == "rl-runner"
+
+
+def test_structured_config_renders_like_the_same_toml():
+    structured = make_run(config=None)
+    del structured["spec"]["config"]
+    structured["spec"]["configSpec"] = tomllib.loads(BASE_CONFIG)
+    assert desired_state(structured).rendered.toml == desired_state(make_run()).rendered.toml
+
+
+def test_deprecated_keys_are_translated_with_warnings():
+    old = BASE_CONFIG.replace(
+        "[orchestrator.train.sampling]\nmax_completion_tokens", "[orchestrator.sampling]\nmax_tokens"
+    )
+    state = desired_state(make_run(config=old))
+    assert any("orchestrator.sampling is deprecated" in w for w in state.rendered.warnings)
+    assert rendered(state)["orchestrator"]["train"]["sampling"] == {"max_completion_tokens": 12}
+    assert "sampling" not in rendered(state)["orchestrator"]
+
+
+def test_fixed_model_targets_get_their_own_inference_server():
+    config = (
+        BASE_CONFIG
+        + '[orchestrator.models.reference]\ncheckpoint = "/data/ref"\n[orchestrator.models.judge]\nkind = "rule"\n'
+    )
+    state = desired_state(make_run(config=config, inference={"gpusPerReplica": 1}))
+    objs = objects(state)
+    server = objs[("StatefulSet", "r-model-reference")]
+    assert container(server)["args"][-2:] == ["--set", 'model.path="/data/ref"']
+    assert container(server)["resources"]["limits"] == {GPU: 1}
+    assert not [k for k in objs if "judge" in k[1]]
+    models = rendered(state)["orchestrator"]["models"]
+    assert models["reference"]["addresses"] == [
+        "r-model-reference-0.r-model-reference.ns.svc.cluster.local:50051"
+    ]
+    assert "addresses" not in models["judge"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        (
+            {"config": BASE_CONFIG.replace("max_steps = 10", "max_steps = 0")},
+            "spec.config: orchestrator.max_steps",
+        ),
+        ({"config": "not toml ["}, "not valid TOML"),
+        ({"config": BASE_CONFIG, "configSpec": {}}, "set exactly one of config and configSpec"),
+        ({"config": BASE_CONFIG, "inference": {"replicas": 0}}, "spec.inference.replicas"),
+        (
+            {"config": BASE_CONFIG, "storage": {"size": "1Gi", "existingClaim": "x"}},
+            "exactly one of size and existingClaim",
+        ),
+        (
+            {"config": BASE_CONFIG, "envServers": [{"name": "x", "address": "a:1", "replicas": 2}]},
+            "external env-server",
+        ),
+        ({"config": BASE_CONFIG, "bogus": 1}, "spec.bogus"),
+        ({"config": BASE_CONFIG, "inference": {"engine": "torch"}, "trainer": {"gpusPerNode": 1}}, None),
+    ],
+)
+def test_invalid_specs_yield_an_error_and_no_objects(spec, where):
+    run = make_run()
+    run["spec"] = spec
+    state = desired_state(run)
+    if where is None:
+        assert state.error is None
+        return
+    assert state.objects == []
+    assert where in state.error_message
+
+
+def test_engine_override_that_breaks_the_config_is_a_config_error():
+    nccl = BASE_CONFIG + '[inference]\nengine = "vllm"\n[trainer.broadcast]\ntransport = "nccl"\n'
+    assert desired_state(make_run(config=nccl)).error is None
+    state = desired_state(make_run(config=nccl, inference={"engine": "torch"}))
+    assert "nccl" in state.error_message and state.objects == []
+
+
+def test_run_names_that_cannot_name_children_are_refused():
+    assert "metadata.name" in desired_state(make_run(name="x" * 41)).error_message
+    assert "metadata.name" in desired_state(make_run(name="9lives")).error_message
+    assert desired_state(make_run(name="x" * 40)).error is None
+
+
+def test_config_changes_roll_the_pods_and_defaults_pick_images():
+    a = objects(desired_state(make_run()))[("Deployment", "r-orchestrator")]
+    b = objects(desired_state(make_run(config=BASE_CONFIG.replace("max_steps = 10", "max_steps = 11"))))[
+        ("Deployment", "r-orchestrator")
+    ]
+    key = "rlrun.dev/config-hash"
+    assert (
+        a["spec"]["template"]["metadata"]["annotations"][key]
+        != b["spec"]["template"]["metadata"]["annotations"][key]
+    )
+    defaults = Defaults(
+        images={**Defaults().images, "orchestrator": "registry.local/orch:9"},
+        cluster_domain="corp.local",
+        pull_policy="Always",
+    )
+    state = desired_state(make_run(images={"trainer": "registry.local/trainer:1"}), defaults)
+    objs = objects(state)
+    assert container(objs[("Deployment", "r-orchestrator")])["image"] == "registry.local/orch:9"
+    assert container(objs[("StatefulSet", "r-trainer")])["image"] == "registry.local/trainer:1"
+    assert container(objs[("StatefulSet", "r-trainer")])["imagePullPolicy"] == "Always"
+    assert rendered(state)["orchestrator"]["address"] == "r-orchestrator.ns.svc.corp.local:50051"

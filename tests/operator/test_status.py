@@ -1,0 +1,217 @@
+"""Status mapping: orchestrator answers and workload readiness -> RLRun.status and Events."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from rlrun.operator.reconcile import Workload
+from rlrun.operator.status import (
+    Observation,
+    OrchestratorReport,
+    WorkloadState,
+    build_status,
+    is_finished,
+    status_patch,
+    transition_events,
+    ttl_expired,
+    workload_state,
+)
+from rlrun.v1 import orchestrator_pb2
+
+T0 = dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.UTC)
+READY = [
+    WorkloadState("inference", "r-inference", 2, 2, 2),
+    WorkloadState("env-server", "r-env", 1, 1, 1),
+    WorkloadState("orchestrator", "r-orchestrator", 1, 1, 1),
+    WorkloadState("trainer", "r-trainer", 1, 2, 1),
+]
+
+
+def report(phase="RUN_PHASE_RUNNING", **fields) -> OrchestratorReport:
+    return OrchestratorReport(phase=phase, **fields)
+
+
+def observe(previous=None, now=T0, **kwargs):
+    kwargs.setdefault("generation", 3)
+    kwargs.setdefault("workloads", READY)
+    return build_status(previous, Observation(now=now, **kwargs))
+
+
+def conditions(status):
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        ("RUN_PHASE_UNSPECIFIED", "Pending"),
+        ("RUN_PHASE_PENDING", "Pending"),
+        ("RUN_PHASE_WARMUP", "Running"),
+        ("RUN_PHASE_RUNNING", "Running"),
+        ("RUN_PHASE_STOPPING", "Running"),
+        ("RUN_PHASE_SUCCEEDED", "Succeeded"),
+        ("RUN_PHASE_FAILED", "Failed"),
+    ],
+)
+def test_orchestrator_phases_map_to_run_phases(phase, expected):
+    assert orchestrator_pb2.RunPhase.Value(phase) is not None  # every name is a real enum value
+    assert observe(polled=True, report=report(phase))["phase"] == expected
+
+
+def test_running_status_carries_the_orchestrator_numbers():
+    message = orchestrator_pb2.GetRunStatusResponse(
+        phase=orchestrator_pb2.RUN_PHASE_RUNNING,
+        step=12,
+        max_steps=100,
+        policy_version=12,
+        train_reward=0.75,
+        eval_reward=0.5,
+        off_policy_lag=1,
+        tokens_per_s=99.5,
+        groups_dropped_stale=3,
+    )
+    status = observe(polled=True, report=OrchestratorReport.from_proto(message))
+    assert status["phase"] == "Running"
+    assert (status["step"], status["maxSteps"], status["policyVersion"]) == (12, 100, 12)
+    assert (status["reward"], status["evalReward"], status["offPolicyLag"]) == (0.75, 0.5, 1)
+    assert (status["tokensPerSecond"], status["groupsDroppedStale"]) == (99.5, 3)
+    assert status["observedGeneration"] == 3
+    assert status["startTime"] == status["lastProgressTime"] == "2025-01-01T12:00:00Z"
+    assert conditions(status) == {
+        "ConfigValid": ("True", "Valid"),
+        "InferenceReady": ("True", "Ready"),
+        "EnvServersReady": ("True", "Ready"),
+        "TrainerReady": ("True", "Ready"),
+        "Progressing": ("True", "StepAdvancing"),
+        "Degraded": ("False", "Healthy"),
+    }
+    assert all(c["observedGeneration"] == 3 for c in status["conditions"])
+
+
+def test_not_ready_components_are_reported_and_degrade_a_running_run():
+    workloads = [WorkloadState("inference", "r-inference", 1, 2, 2), *READY[1:]]
+    pending = observe(polled=True, report=report("RUN_PHASE_PENDING"), workloads=workloads)
+    assert conditions(pending)["InferenceReady"] == ("False", "NotReady")
+    assert (
+        "r-inference: 1/2 ready"
+        in next(c for c in pending["conditions"] if c["type"] == "InferenceReady")["message"]
+    )
+    assert conditions(pending)["Degraded"] == ("False", "Healthy")  # still starting
+    running = observe(polled=True, report=report(), workloads=workloads)
+    assert conditions(running)["Degraded"] == ("True", "ComponentsNotReady")
+
+
+def test_no_managed_env_servers_means_external_ones():
+    status = observe(
+        polled=True, report=report(), workloads=[w for w in READY if w.component != "env-server"]
+    )
+    assert conditions(status)["EnvServersReady"] == ("True", "External")
+
+
+def test_an_unreachable_orchestrator_keeps_running_runs_running_but_degraded():
+    running = observe(polled=True, report=report(step=5))
+    lost = observe(
+        running, now=T0 + dt.timedelta(seconds=10), polled=True, report=None, poll_error="UNAVAILABLE"
+    )
+    assert lost["phase"] == "Running" and lost["step"] == 5
+    assert conditions(lost)["Degraded"] == ("True", "OrchestratorUnreachable")
+    assert observe(polled=True, report=None)["phase"] == "Pending"
+
+
+def test_no_step_progress_for_15_minutes_is_stalled():
+    first = observe(polled=True, report=report(step=5))
+    later = observe(first, now=T0 + dt.timedelta(minutes=14), polled=True, report=report(step=5))
+    assert conditions(later)["Progressing"] == ("True", "StepAdvancing")
+    stalled = observe(later, now=T0 + dt.timedelta(minutes=16), polled=True, report=report(step=5))
+    assert conditions(stalled)["Progressing"] == ("False", "Stalled")
+    moving = observe(stalled, now=T0 + dt.timedelta(minutes=17), polled=True, report=report(step=6))
+    assert conditions(moving)["Progressing"] == ("True", "StepAdvancing")
+    assert moving["lastProgressTime"] == "2025-01-01T12:17:00Z"
+
+
+def test_finishing_is_sticky_and_starts_the_ttl():
+    running = observe(polled=True, report=report(step=99))
+    done = observe(
+        running, now=T0 + dt.timedelta(minutes=1), polled=True, report=report("RUN_PHASE_SUCCEEDED", step=100)
+    )
+    assert done["phase"] == "Succeeded" and done["completionTime"] == "2025-01-01T12:01:00Z"
+    assert is_finished(done)
+    assert conditions(done)["InferenceReady"] == ("False", "Finished")
+    later = observe(
+        done, now=T0 + dt.timedelta(minutes=2), polled=True, report=report("RUN_PHASE_PENDING"), workloads=[]
+    )
+    assert later["phase"] == "Succeeded" and later["step"] == 100
+    assert not ttl_expired(later, 3600, T0 + dt.timedelta(minutes=30))
+    assert ttl_expired(later, 3600, T0 + dt.timedelta(minutes=61))
+    assert not ttl_expired(later, None, T0 + dt.timedelta(days=9))
+    assert not ttl_expired(running, 0, T0 + dt.timedelta(days=9))
+
+
+def test_failed_runs_carry_the_last_error():
+    failed = observe(
+        polled=True, report=report("RUN_PHASE_FAILED", last_error="every batch was filtered 3 times")
+    )
+    assert failed["phase"] == "Failed" and failed["lastError"] == "every batch was filtered 3 times"
+    assert conditions(failed)["Degraded"] == ("True", "RunError")
+    assert failed["message"] == "every batch was filtered 3 times"
+    assert ("Warning", "Failed") in [(k, r) for k, r, _ in transition_events({}, failed)]
+
+
+def test_an_invalid_config_is_failed_without_completion_and_recovers():
+    bad = observe(error="spec.config: orchestrator.group_size: must be >= 1", workloads=[])
+    assert bad["phase"] == "Failed" and not bad.get("completionTime")
+    assert conditions(bad)["ConfigValid"] == ("False", "InvalidConfig")
+    assert bad["message"].startswith("spec.config: orchestrator.group_size")
+    assert not is_finished(bad)
+    fixed = observe(bad, polled=False)
+    assert fixed["phase"] == "Pending" and conditions(fixed)["ConfigValid"] == ("True", "Valid")
+
+
+def test_suspended_runs():
+    status = observe(suspended=True, workloads=[])
+    assert status["phase"] == "Suspended"
+    assert conditions(status)["TrainerReady"] == ("False", "Suspended")
+
+
+def test_without_polling_the_previous_orchestrator_view_is_kept():
+    running = observe(polled=True, report=report(step=8, train_reward=0.5))
+    again = observe(running, now=T0 + dt.timedelta(seconds=5), polled=False)
+    assert again["phase"] == "Running" and again["step"] == 8 and again["reward"] == 0.5
+
+
+def test_condition_times_change_only_on_transitions():
+    first = observe(polled=True, report=report(step=1))
+    same = observe(first, now=T0 + dt.timedelta(minutes=1), polled=True, report=report(step=2))
+    times = {c["type"]: c["lastTransitionTime"] for c in same["conditions"]}
+    assert set(times.values()) == {"2025-01-01T12:00:00Z"}
+    lost = observe(same, now=T0 + dt.timedelta(minutes=2), polled=True, report=None)
+    degraded = next(c for c in lost["conditions"] if c["type"] == "Degraded")
+    assert degraded["lastTransitionTime"] == "2025-01-01T12:02:00Z"
+
+
+def test_events_on_transitions_only():
+    pending = observe(polled=True, report=report("RUN_PHASE_PENDING"))
+    assert transition_events({}, pending) == [
+        ("Normal", "Pending", "phase None -> Pending: waiting for the services to start")
+    ]
+    assert transition_events(pending, observe(pending, polled=True, report=report("RUN_PHASE_PENDING"))) == []
+    running = observe(pending, polled=True, report=report(step=1))
+    kinds = transition_events(pending, running)
+    assert kinds[0][:2] == ("Normal", "Running")
+    lost = observe(running, polled=True, report=None, poll_error="UNAVAILABLE")
+    assert ("Warning", "OrchestratorUnreachable") in [(k, r) for k, r, _ in transition_events(running, lost)]
+
+
+def test_status_patch_sets_changes_and_removes_cleared_keys():
+    previous = {"phase": "Running", "lastError": "boom", "step": 3}
+    new = {"phase": "Running", "lastError": None, "step": 4}
+    assert status_patch(previous, new) == {"step": 4, "lastError": None}
+
+
+def test_workload_state_reads_ready_replicas():
+    workload = Workload("trainer", "StatefulSet", "r-trainer", 3, 1)
+    assert workload_state(workload, None).ready == 0
+    state = workload_state(workload, {"status": {"readyReplicas": 1}})
+    assert state.is_ready and state.replicas == 3
