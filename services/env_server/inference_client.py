@@ -20,9 +20,13 @@ _FINISH = {inference_pb2.FINISH_REASON_STOP: "stop", inference_pb2.FINISH_REASON
 
 
 def completions_from_proto(
-    response: inference_pb2.GenerateResponse, n: int, vocab_size: int | None, address: str
+    response: inference_pb2.GenerateResponse, n: int, address: str
 ) -> list[Completion]:
-    """Checks the token contract of a GenerateResponse; a broken one is InvalidModelOutput."""
+    """Checks the token contract of a GenerateResponse; a broken one is InvalidModelOutput.
+
+    Token ids are only checked to be non-negative: a model's vocabulary is often padded beyond
+    its tokenizer's, and ids from the padding are still valid model output (they decode to
+    nothing and train like any other token)."""
     if len(response.completions) != n:
         raise InvalidModelOutput(f"{address} returned {len(response.completions)} completions for n = {n}")
     out = []
@@ -34,8 +38,8 @@ def completions_from_proto(
             raise InvalidModelOutput(f"{at} has no finish reason")
         if len(c.logprobs) != len(c.token_ids):
             raise InvalidModelOutput(f"{at} has {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
-        if vocab_size is not None and any(not 0 <= t < vocab_size for t in c.token_ids):
-            raise InvalidModelOutput(f"{at} has a token id outside the vocabulary [0, {vocab_size})")
+        if any(t < 0 for t in c.token_ids):
+            raise InvalidModelOutput(f"{at} has a negative token id")
         if any(not (math.isfinite(lp) and lp <= 0.0) for lp in c.logprobs):
             raise InvalidModelOutput(f"{at} has a logprob that is not a finite number <= 0")
         if c.policy_version_start > c.policy_version_end:
@@ -56,9 +60,8 @@ class InferenceClient:
     """One channel per replica address, opened on first use. Each call goes to the replica
     with the fewest calls in flight from this client; ties rotate."""
 
-    def __init__(self, options: ClientOptions = ClientOptions(), vocab_size: int | None = None):
+    def __init__(self, options: ClientOptions = ClientOptions()):
         self.options = options
-        self.vocab_size = vocab_size
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, inference_pb2_grpc.InferenceServiceStub] = {}
         self.in_flight: dict[str, int] = defaultdict(int)
@@ -93,7 +96,7 @@ class InferenceClient:
             raise ModelCallError.from_rpc(error, address) from None
         finally:
             self.in_flight[address] -= 1
-        return completions_from_proto(response, sampling.n, self.vocab_size, address)
+        return completions_from_proto(response, sampling.n, address)
 
     async def close(self) -> None:
         for channel in self._channels.values():

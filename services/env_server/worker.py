@@ -119,7 +119,7 @@ class _Worker:
 
 async def _serve(spec: WorkerSpec, requests: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
     tokenizer = load_tokenizer(spec.tokenizer_path, spec.checkpoint_dir)
-    client = InferenceClient(spec.client_options, tokenizer.vocab_size)
+    client = InferenceClient(spec.client_options)
     worker = _Worker(
         make_env(spec.env_id, spec.env_args), Runtime(tokenizer, client, spec.max_model_len), results
     )

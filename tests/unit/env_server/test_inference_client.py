@@ -32,7 +32,6 @@ def test_a_well_formed_reply_becomes_completions():
             )
         ),
         1,
-        128,
         "a:1",
     )
     assert (c.token_ids, c.logprobs, c.finish_reason, c.policy_version_start, c.policy_version_end) == (
@@ -49,7 +48,7 @@ def test_a_well_formed_reply_becomes_completions():
     [
         ([dict(token_ids=[5], logprobs=[-0.1], finish_reason=STOP)], 2),
         ([dict(token_ids=[5, 6], logprobs=[-0.1], finish_reason=STOP)], 1),
-        ([dict(token_ids=[500], logprobs=[-0.1], finish_reason=STOP)], 1),
+        ([dict(token_ids=[-3], logprobs=[-0.1], finish_reason=STOP)], 1),
         ([dict(token_ids=[5], logprobs=[0.5], finish_reason=STOP)], 1),
         ([dict(token_ids=[5], logprobs=[math.nan], finish_reason=STOP)], 1),
         ([dict(token_ids=[5], logprobs=[-0.1])], 1),
@@ -69,12 +68,12 @@ def test_a_well_formed_reply_becomes_completions():
 )
 def test_a_reply_breaking_the_token_contract_is_invalid_model_output(completions, n):
     with pytest.raises(InvalidModelOutput):
-        completions_from_proto(reply(*completions), n, 128, "a:1")
+        completions_from_proto(reply(*completions), n, "a:1")
 
 
 def test_an_aborted_completion_is_a_retryable_model_call_error():
     with pytest.raises(ModelCallError) as caught:
-        completions_from_proto(reply(dict(finish_reason=inference_pb2.FINISH_REASON_ABORT)), 1, 128, "a:1")
+        completions_from_proto(reply(dict(finish_reason=inference_pb2.FINISH_REASON_ABORT)), 1, "a:1")
     assert caught.value.retryable and caught.value.code == "ABORTED"
 
 
@@ -104,7 +103,7 @@ def test_rpc_errors_are_retryable_only_for_infrastructure_faults(code, retryable
 
 def test_unreachable_inference_is_a_retryable_model_call_error():
     async def call():
-        client = InferenceClient(vocab_size=128)
+        client = InferenceClient()
         try:
             await asyncio.wait_for(client.generate(["127.0.0.1:1"], [3, 4], SamplingParams(max_tokens=2)), 30)
         finally:
