@@ -1,7 +1,8 @@
 """The RLRun CustomResourceDefinition, generated from the pydantic models in `spec.py`.
 
-    python -m rlrun.operator.crd          # (`make crd`) writes both copies below
-    python -m rlrun.operator.crd --check  # exits 1 when a committed copy is stale
+    python -m rlrun.operator.crd          # (`make crd`) writes both copies below, and the plain
+                                          # install manifests rendered from the chart
+    python -m rlrun.operator.crd --check  # exits 1 when a committed file is stale
 
 pydantic's JSON schema is turned into a Kubernetes *structural* schema: `$ref`s are inlined,
 `X | None` becomes plain `X` (absent means unset), `int | str` becomes
@@ -198,19 +199,40 @@ def render_crd_yaml() -> str:
     return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=120)
 
 
+def generated_files() -> dict[Path, str]:
+    """Every generated file and its content: the CRD copies, and (with helm-python-sdk) the
+    plain install manifests rendered from the chart."""
+    text = render_crd_yaml()
+    files = {path: text for path in OUTPUTS}
+    try:
+        import helm_python  # noqa: F401
+    except ImportError:
+        print(
+            "helm-python-sdk is not installed: operator/install.yaml and rbac.yaml are skipped",
+            file=sys.stderr,
+        )
+        return files
+    from rlrun.operator.install import render_install
+
+    install, rbac = render_install(REPO, crd())
+    files[REPO / "operator" / "install.yaml"] = install
+    files[REPO / "operator" / "rbac.yaml"] = rbac
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlrun.operator.crd", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 if a committed copy differs; write nothing"
+        "--check", action="store_true", help="exit 1 if a committed file differs; write nothing"
     )
     args = parser.parse_args(argv)
-    text = render_crd_yaml()
-    stale = [path for path in OUTPUTS if not path.exists() or path.read_text() != text]
+    files = generated_files()
+    stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
     if args.check:
         for path in stale:
             print(f"stale: {path.relative_to(REPO)} (run `make crd`)", file=sys.stderr)
         return 1 if stale else 0
-    for path in OUTPUTS:
+    for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path.relative_to(REPO)}")

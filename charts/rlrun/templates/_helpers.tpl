@@ -1,0 +1,80 @@
+{{/* Names and labels shared by every template. */}}
+{{- define "rlrun.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "rlrun.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rlrun.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rlrun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "rlrun.labels" -}}
+{{ include "rlrun.selectorLabels" . }}
+app.kubernetes.io/part-of: rlrun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "rlrun.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "rlrun.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rlrun.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces whose runs are scraped: the monitoring list, else the watched ones (empty: any). */}}
+{{- define "rlrun.monitoredNamespaces" -}}
+{{- if .Values.monitoring.namespaces -}}
+{{- toJson .Values.monitoring.namespaces -}}
+{{- else if not .Values.operator.watchAllNamespaces -}}
+{{- toJson .Values.operator.watchNamespaces -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's permissions: least privilege, no wildcards (see services/operator/rbac.py). */}}
+{{- define "rlrun.rules" -}}
+- apiGroups: ["rlrun.dev"]
+  resources: ["rlruns"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+- apiGroups: ["rlrun.dev"]
+  resources: ["rlruns/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["rlrun.dev"]
+  resources: ["rlruns/finalizers"]
+  verbs: ["update"]
+- apiGroups: [""]
+  resources: ["configmaps", "services", "persistentvolumeclaims"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["apps"]
+  resources: ["statefulsets", "deployments"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.rbac.readSecrets }}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+{{- end -}}

@@ -1,0 +1,30 @@
+"""The Kubernetes permissions the operator uses, and why. The Helm chart's ClusterRole/Role
+(`charts/rlrun/templates/_helpers.tpl`, `rlrun.rules`) grants exactly these; a chart test
+compares them. No wildcards."""
+
+from __future__ import annotations
+
+REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    # kopf watches RLRuns, patches its annotations/finalizer; the TTL deletes finished runs.
+    ("rlrun.dev", "rlruns", ("get", "list", "watch", "patch", "delete")),
+    ("rlrun.dev", "rlruns/status", ("get", "patch")),
+    # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
+    ("rlrun.dev", "rlruns/finalizers", ("update",)),
+    # The run's children: apply (get, create, merge-patch) and prune (list, delete).
+    ("", "configmaps", ("get", "list", "create", "patch", "delete")),
+    ("", "services", ("get", "list", "create", "patch", "delete")),
+    ("", "persistentvolumeclaims", ("get", "list", "create", "patch", "delete")),
+    ("apps", "statefulsets", ("get", "list", "create", "patch", "delete")),
+    ("apps", "deployments", ("get", "list", "create", "patch", "delete")),
+    # Kubernetes Events on phase and condition transitions.
+    ("", "events", ("create",)),
+]
+
+SECRET_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    # Only with spec.secrets: the TLS material and token to poll the orchestrator's status.
+    ("", "secrets", ("get",)),
+]
+
+
+def permission_set(rules: list[tuple[str, str, tuple[str, ...]]]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for group, resource, verbs in rules for verb in verbs}
