@@ -107,7 +107,7 @@ async def run_eval(
                 f"{id_prefix}-{i:05d}",
                 task,
                 k,
-                dispatch_version=version,
+                version=lambda: version,
                 max_retries=max_retries,
                 timeout_s=timeout_s,
             )

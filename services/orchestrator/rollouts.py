@@ -4,6 +4,7 @@ the training scheduler and the eval."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -45,15 +46,18 @@ async def run_group(
     task: TaskRef,
     n: int,
     *,
-    dispatch_version: int,
+    version: Callable[[], int],
     max_retries: int,
     timeout_s: float,
 ) -> RolloutGroup | GroupFailure:
-    """The group's traces, or why it was dropped. A non-retryable gRPC status raises: it is a
-    bug in this request or in the env-server, and the run must not go on as if nothing happened."""
+    """The group's traces, or why it was dropped. `version()` is called as each attempt starts
+    (a retry generates afresh, under the version current then). A non-retryable gRPC status
+    raises: it is a bug in this request or in the env-server, and the run must not go on as if
+    nothing happened."""
     attempt = 0
     while True:
         attempt += 1
+        dispatch_version = version()
         try:
             traces = await target.client.run_group(group_id, task, target.plan, n, timeout_s)
         except grpc.aio.AioRpcError as error:

@@ -369,6 +369,8 @@ class Run:
 
     async def _rl(self) -> None:
         orch = self.orch
+        if self.state.rl_steps == 0:
+            self.status.train_reward = 0.0  # not the warm start's (oracle) reward
         if orch.eval.enabled and self.state.rl_steps == 0 and self.state.eval_reward_start is None:
             summary = await self._evaluate(rl_step=0)
             self.state.eval_reward_start = summary["eval_reward"]
@@ -672,6 +674,14 @@ class Run:
             [{"step": rl_step, "trainer_step": self.trainer_step, **row} for row in result.rows],
         )
         summary = result.summary
+        if summary["failed_groups"]:
+            log.warning(
+                "%s after step %d: %d of %d groups failed and are left out of the reward",
+                name,
+                rl_step,
+                int(summary["failed_groups"]),
+                len(tasks),
+            )
         metrics.EVAL_REWARD.set(summary[f"{name}_reward"])
         self.outputs.append_metrics(
             {

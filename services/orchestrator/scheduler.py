@@ -228,13 +228,16 @@ class GroupScheduler:
         env, idx = self.sampler.sample()
         group_id = f"{self.settings.id_prefix}-{self._counter:06d}"
         self._counter += 1
-        task = asyncio.create_task(
-            self._run(group_id, env, TaskRef(env=env, split="train", idx=idx), self._current)
-        )
+        task = asyncio.create_task(self._run(group_id, env, TaskRef(env=env, split="train", idx=idx)))
         self._inflight[group_id] = _Inflight(task, env, self._current)
         metrics.INFLIGHT.set(len(self._inflight))
 
-    async def _run(self, group_id: str, env: str, task: TaskRef, version: int) -> None:
+    def _attempt_version(self, group_id: str) -> int:
+        """A (re)try of an in-flight group generates under the current version from now on."""
+        self._inflight[group_id].dispatch_version = self._current
+        return self._current
+
+    async def _run(self, group_id: str, env: str, task: TaskRef) -> None:
         s = self.settings
         try:
             result = await run_group(
@@ -242,7 +245,7 @@ class GroupScheduler:
                 group_id,
                 task,
                 s.group_size,
-                dispatch_version=version,
+                version=lambda: self._attempt_version(group_id),
                 max_retries=s.max_retries,
                 timeout_s=s.timeout_s,
             )

@@ -8,6 +8,7 @@ import os
 import sys
 
 import tomli_w
+
 from rlrun.common.grpc_client import open_channel
 from rlrun.orchestrator.run import Run
 from rlrun.orchestrator.status import SERVICE_NAME, OrchestratorServicer, RunStatus
