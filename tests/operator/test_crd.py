@@ -32,11 +32,23 @@ def test_committed_crd_files_are_fresh():
 def test_check_mode_reports_a_stale_copy(tmp_path, monkeypatch, capsys):
     stale = tmp_path / "crd.yaml"
     stale.write_text("old\n")
-    monkeypatch.setattr(crd, "OUTPUTS", (stale,))
+    monkeypatch.setattr(crd, "generated_files", lambda: {stale: crd.render_crd_yaml()})
     monkeypatch.setattr(crd, "REPO", tmp_path)
     assert crd.main(["--check"]) == 1
     assert "stale: crd.yaml" in capsys.readouterr().err
     assert crd.main([]) == 0 and stale.read_text() == crd.render_crd_yaml()
+    assert crd.main(["--check"]) == 0
+
+
+def test_generated_files_include_the_install_manifests():
+    pytest.importorskip("helm_python")
+    names = {path.relative_to(REPO).as_posix() for path in crd.generated_files()}
+    assert names == {
+        "charts/rlrun/crds/rlruns.rlrun.dev.yaml",
+        "operator/crd.yaml",
+        "operator/install.yaml",
+        "operator/rbac.yaml",
+    }
 
 
 def test_crd_is_a_valid_kubernetes_object():
