@@ -7,6 +7,7 @@ import json
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from rlrun.orchestrator.run import Run
 from rlrun.orchestrator.status import RunStatus
@@ -113,9 +114,15 @@ async def test_synchronous_mode_trains_only_fresh_rollouts(stack, tmp_path):
     assert status.groups_dropped_stale == 0
 
 
+def sample(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_a_stale_group_is_dropped_whole_and_in_flight_ones_are_cancelled(stack, tmp_path):
     stack.env.hang_groups = {0}  # the first group never returns on its own
     stack.env.stale_groups = {5}  # a group that returns rollouts 5 versions old
+    dropped_before = sample("rlrun_orchestrator_groups_dropped_stale_total", env="reverse-text")
+    lags_before = sample("rlrun_orchestrator_off_policy_steps_count")
     status = await execute(stack.config(tmp_path, max_steps=6, eval={"enabled": False}))
     assert status.phase == "succeeded", status.last_error
     [hung] = [c.group_id for c in stack.env.calls if c.group_id.endswith("-000000")]
@@ -126,6 +133,12 @@ async def test_a_stale_group_is_dropped_whole_and_in_flight_ones_are_cancelled(s
     assert stack.stale_token not in trained_tokens
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["groups_dropped_stale"] == status.groups_dropped_stale
+    dropped = sample("rlrun_orchestrator_groups_dropped_stale_total", env="reverse-text") - dropped_before
+    assert dropped == status.groups_dropped_stale
+    assert (
+        sample("rlrun_orchestrator_off_policy_steps_count") - lags_before == 12
+    )  # 6 steps x 2 trained groups
+    assert sample("rlrun_orchestrator_rl_steps") == 6
 
 
 async def test_retryable_failures_are_retried_and_others_dropped(stack, tmp_path):
@@ -183,6 +196,9 @@ async def test_batches_that_are_all_filtered_end_in_failed(stack, tmp_path):
 
 async def test_monitored_filters_still_train(stack, tmp_path):
     stack.env.sampled_logprob = -0.001
+    flagged_before = sample(
+        "rlrun_orchestrator_filtered_rollouts_total", filter="repetition", env="reverse-text"
+    )
     config = stack.config(
         tmp_path,
         filters={"repetition": {"enabled": True, "window": 3, "enforce": False}},
@@ -192,6 +208,9 @@ async def test_monitored_filters_still_train(stack, tmp_path):
     status = await execute(config)
     assert status.phase == "succeeded"
     assert stack.trainer.batches[0].metrics["filter/repetition_ratio"] == 1.0
+    flagged = sample("rlrun_orchestrator_filtered_rollouts_total", filter="repetition", env="reverse-text")
+    assert flagged - flagged_before == 4
+    assert sample("rlrun_orchestrator_filtered_ratio") == 0.0  # monitored, so none kept from training
 
 
 async def test_skipped_steps_are_taken_again(stack, tmp_path):
