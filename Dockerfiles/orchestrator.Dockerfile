@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1.7
+# rlrun orchestrator. No torch: the package goes in with --no-deps, its runtime needs come
+# from Dockerfiles/requirements-light.txt (a test keeps that list complete).
+#   docker build -f Dockerfiles/orchestrator.Dockerfile -t rlrun-orchestrator .
+
+FROM python:3.11.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/rlrun
+ENV PATH=/opt/rlrun/bin:$PATH
+COPY Dockerfiles/requirements-light.txt /tmp/requirements-light.txt
+RUN pip install -r /tmp/requirements-light.txt
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY services ./services
+RUN pip install --no-deps . \
+ && python -c "import rlrun.orchestrator, sys; assert 'torch' not in sys.modules"
+
+FROM python:3.11.11-slim-bookworm
+LABEL org.opencontainers.image.title="rlrun-orchestrator" \
+      org.opencontainers.image.description="rlrun orchestrator: tasks, plan, algorithms, batching, status API"
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/rlrun --shell /usr/sbin/nologin rlrun
+COPY --from=build /opt/rlrun /opt/rlrun
+WORKDIR /app
+COPY configs ./configs
+ENV PATH=/opt/rlrun/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+EXPOSE 50051 9090
+ENTRYPOINT ["rlrun", "serve", "orchestrator"]
+CMD ["--config", "/etc/rlrun/config.toml", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9090"]
