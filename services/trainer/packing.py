@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlrun.common.types import TrainingSample
@@ -126,6 +127,11 @@ class PackedMicroBatch:
         )
 
 
+def _tensor(values: list, dtype) -> torch.Tensor:
+    # Through numpy: several times faster than torch.tensor on a Python list.
+    return torch.from_numpy(np.asarray(values, dtype=dtype))
+
+
 def _channel_sum(sample: TrainingSample, kind: str) -> list[float]:
     total = [0.0] * len(sample.token_ids)
     for channel in sample.channels:
@@ -162,20 +168,20 @@ def pack_micro_batch(samples: Sequence[TrainingSample]) -> PackedMicroBatch:
         logprobs += sample.logprobs[1:]
         advantages += _channel_sum(sample, "rl")[1:]
         ce_weights += _channel_sum(sample, "ce")[1:]
-        rl_mask += [m and "rl" in kinds for m in sample.mask[1:]]
-        ce_mask += [m and "ce" in kinds for m in sample.mask[1:]]
+        rl_mask += sample.mask[1:] if "rl" in kinds else [False] * (n - 1)
+        ce_mask += sample.mask[1:] if "ce" in kinds else [False] * (n - 1)
     return PackedMicroBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64),
-        positions=torch.tensor(positions, dtype=torch.int64),
-        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int64),
-        predict_rows=torch.tensor(rows, dtype=torch.int64),
-        targets=torch.tensor(targets, dtype=torch.int64),
-        temperatures=torch.tensor(temperatures, dtype=torch.float32),
-        sampling_logprobs=torch.tensor(logprobs, dtype=torch.float32),
-        advantages=torch.tensor(advantages, dtype=torch.float32),
-        ce_weights=torch.tensor(ce_weights, dtype=torch.float32),
-        rl_mask=torch.tensor(rl_mask, dtype=torch.bool),
-        ce_mask=torch.tensor(ce_mask, dtype=torch.bool),
+        input_ids=_tensor(input_ids, np.int64),
+        positions=_tensor(positions, np.int64),
+        cu_seqlens=_tensor(cu_seqlens, np.int64),
+        predict_rows=_tensor(rows, np.int64),
+        targets=_tensor(targets, np.int64),
+        temperatures=_tensor(temperatures, np.float32),
+        sampling_logprobs=_tensor(logprobs, np.float32),
+        advantages=_tensor(advantages, np.float32),
+        ce_weights=_tensor(ce_weights, np.float32),
+        rl_mask=_tensor(rl_mask, np.bool_),
+        ce_mask=_tensor(ce_mask, np.bool_),
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlrun.common.wire import batch_to_proto
+from rlrun.trainer.checkpoint import checkpoint_root, save_checkpoint
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 from rlrun.trainer.packing import pack_first_fit_decreasing
@@ -61,3 +62,41 @@ async def test_two_cpu_ranks_make_the_same_update_as_one_process(
 
     saved = await trainer.stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(extra_state=b"x"))
     assert Path(saved.path, "meta.json").exists() and saved.step == 2
+
+
+async def test_two_fsdp_ranks_resume_a_single_process_checkpoint_exactly(
+    tmp_path, start_replica, spawn_trainer, write_run_file
+):
+    single = build_learner(synthetic_config(tmp_path, trainer=TRAINER), Parallelism.single())
+    for step in range(2):
+        single.train(synthetic_batch(step, num_samples=17))
+    root = checkpoint_root(tmp_path / "out")
+    save_checkpoint(root, single.capture_state(), b"state", {"model_type": "llama"}, world_size=1, keep=1)
+    replica = await start_replica()
+    run_file = write_run_file(
+        tmp_path / "run.toml", tmp_path / "out", [replica.address], {**TRAINER, "parallel": "fsdp"}
+    )
+    trainer = await spawn_trainer(
+        [
+            TORCHRUN,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "rlrun.cli",
+            "serve",
+            "trainer",
+            "--config",
+            str(run_file),
+            "--resume",
+            "latest",
+        ]
+    )
+    status = await trainer.stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
+    assert (status.step, status.world_size, status.resume_state) == (2, 2, b"state")
+    batch = synthetic_batch(2, num_samples=17)
+    reply = await trainer.stub.SubmitBatch(trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch)))
+    expected = single.train(batch)
+    assert reply.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-5, abs=1e-7)
+    for name, tensor in single.full_weights().items():
+        torch.testing.assert_close(replica.servicer.weights[name], tensor, rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,275 @@
+"""`rlrun bench trainer`: the trainer against bare torch, one torch thread.
+
+1. Step throughput. The same model (configs/models/tiny-d64.json), the same packed tokens (a
+   demo-shaped batch: 16 prompts x 8 completions), the same AdamW:
+   - (a) a bare torch loop: forward over the packed tokens, an advantage-weighted NLL on the
+     completion tokens, backward, optimizer step, and nothing else;
+   - (b) the trainer's train step (packing, the channel loss with its statistics, gradient
+     clipping, the non-finite check, the schedule);
+   - (c) the same step through the service: SubmitBatch over gRPC on 127.0.0.1 (proto decoding
+     and validation included; no replicas).
+   Ratios a/b (`ratio_vs_bare_loop`, target >= 0.9) and a/c. The three run in turn, each
+   iteration's ratio compares neighbouring runs (so load from other processes hits both sides
+   alike), and every figure is a median over iterations.
+2. Broadcast throughput, into the same in-process sink that only counts bytes. The trainer's
+   gRPC weight broadcast (tensors to header and chunks, crc32 included, then the UpdateWeights
+   stream) against a raw UpdateWeights stream of the same bytes: a client holding the weight
+   bytes in one buffer, cutting 4 MiB chunk messages as it streams (`broadcast_ratio_vs_raw`,
+   target >= 0.8); and, stricter, against streaming already built messages
+   (`broadcast_ratio_vs_prebuilt`). The model is a 25 MB Llama (6.3M parameters; 3 MB
+   tiny-d128 with --quick).
+
+The last stdout line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlrun.common.config.trainer import BroadcastConfig
+from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.grpc_server import GrpcServer, ServerOptions
+from rlrun.common.model import ArchConfig, CausalLM, PackedCausal, build_model
+from rlrun.common.model.weights import broadcast_tensors, build_header, iter_update_messages
+from rlrun.common.types import TrainingBatch
+from rlrun.common.wire import batch_to_proto
+from rlrun.trainer.app import add_trainer_service, create_runtime
+from rlrun.trainer.broadcast import GrpcWeightBroadcaster
+from rlrun.trainer.coordinator import Coordinator
+from rlrun.trainer.distributed import Parallelism
+from rlrun.trainer.learner import build_learner
+from rlrun.trainer.loss import token_logprobs
+from rlrun.trainer.packing import pack_micro_batch
+from rlrun.trainer.servicer import SERVICE_NAME
+from rlrun.trainer.synthetic import CONFIGS, synthetic_batch, synthetic_config
+from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc, weights_pb2
+
+INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+PROMPTS, GROUP = 16, 8
+# A 25 MB model for the broadcast: enough bytes that the stream, not per-call overhead, dominates.
+BROADCAST_ARCH = {
+    "model_type": "llama",
+    "vocab_size": 128,
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+}
+
+
+def paired_ratio(baseline: list[float], measured: list[float]) -> float:
+    """Median over iterations of baseline time / measured time (throughput relative to the baseline)."""
+    return statistics.median(b / m for b, m in zip(baseline, measured, strict=True))
+
+
+def demo_batch(step: int) -> TrainingBatch:
+    """Reverse-text shaped: ~12-token prompts, up to 10 sampled tokens, 128 samples."""
+    return synthetic_batch(step, num_samples=PROMPTS * GROUP, prompt_len=(10, 14), completion_len=(4, 10))
+
+
+# -- 1. step throughput --------------------------------------------------------------------
+
+
+class BareLoop:
+    """The baseline: the model, packed tokens and AdamW with no trainer around them."""
+
+    def __init__(self, config, batch: TrainingBatch):
+        self.model = build_model(config.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.trainer.lr)
+        self.packed = pack_micro_batch(batch.samples)
+        self.attend = PackedCausal(self.packed.cu_seqlens)
+        self.weights = self.packed.advantages * self.packed.rl_mask
+        self.count = int(self.packed.rl_mask.sum())
+
+    def step(self) -> None:
+        p = self.packed
+        logits = self.model(p.input_ids, p.positions, self.attend)
+        logprobs, _ = token_logprobs(logits[p.predict_rows], p.targets, p.temperatures)
+        loss = -(logprobs * self.weights).sum() / self.count
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+async def start_trainer_server(config) -> tuple[GrpcServer, object, int]:
+    learner = build_learner(config, Parallelism.single())
+    runtime = create_runtime(config, Coordinator(learner, None), ClientOptions())
+    server = GrpcServer(ServerOptions(shutdown_grace_s=0), [SERVICE_NAME])
+    add_trainer_service(server.server, runtime, config)
+    port = await server.start()
+    server.set_serving(True)
+    return server, runtime, port
+
+
+async def measure_steps(iterations: int, output_dir: Path) -> dict:
+    config = synthetic_config(output_dir)
+    batch = demo_batch(0)
+    bare = BareLoop(config, batch)
+    learner = build_learner(config, Parallelism.single())
+    server, runtime, port = await start_trainer_server(config)
+    bare_s, step_s, service_s = [], [], []
+    try:
+        async with open_channel(f"127.0.0.1:{port}", ClientOptions(deadline_s=120)) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            for i in range(iterations + 2):  # the first two warm up
+                started = time.perf_counter()
+                bare.step()
+                bare_time = time.perf_counter() - started
+                batch.step = learner.step
+                started = time.perf_counter()
+                learner.train(batch)
+                step_time = time.perf_counter() - started
+                batch.step = runtime.step
+                request = trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch))
+                started = time.perf_counter()
+                await stub.SubmitBatch(request)
+                service_time = time.perf_counter() - started
+                if i >= 2:
+                    bare_s.append(bare_time)
+                    step_s.append(step_time)
+                    service_s.append(service_time)
+    finally:
+        await runtime.broadcaster.close()
+        await server.stop(0)
+    bare_ms, step_ms, service_ms = (statistics.median(x) * 1e3 for x in (bare_s, step_s, service_s))
+    tokens = sum(len(s.token_ids) for s in batch.samples)
+    return {
+        "tokens_per_step": tokens,
+        "bare_step_ms": bare_ms,
+        "trainer_step_ms": step_ms,
+        "service_step_ms": service_ms,
+        "trainer_tokens_per_s": tokens / step_ms * 1e3,
+        "ratio_vs_bare_loop": paired_ratio(bare_s, step_s),
+        "service_ratio_vs_bare_loop": paired_ratio(bare_s, service_s),
+    }
+
+
+# -- 2. broadcast throughput ---------------------------------------------------------------
+
+
+class CountingSink(inference_pb2_grpc.InferenceServiceServicer):
+    """Receives UpdateWeights streams and only counts their bytes."""
+
+    async def UpdateWeights(self, request_iterator, context):
+        received = 0
+        version = 0
+        async for message in request_iterator:
+            if message.HasField("header"):
+                version = message.header.version
+            else:
+                received += len(message.chunk.data)
+        return inference_pb2.UpdateWeightsResponse(version=version, bytes_received=received)
+
+
+def broadcast_model(quick: bool) -> dict[str, torch.Tensor]:
+    if quick:
+        arch = ArchConfig.from_file(CONFIGS / "models" / "tiny-d128.json")
+    else:
+        arch = ArchConfig.from_dict(BROADCAST_ARCH)
+    model = CausalLM(arch)
+    model.init_weights(0)
+    return broadcast_tensors(model)
+
+
+def raw_stream(header: weights_pb2.WeightUpdateHeader, data: bytes, chunk_bytes: int):
+    """The raw client: a header, then the bytes cut into chunk messages on the fly."""
+    yield weights_pb2.WeightUpdateMessage(header=header)
+    for index, offset in enumerate(range(0, len(data), chunk_bytes)):
+        chunk = weights_pb2.WeightChunk(
+            version=header.version, index=index, data=data[offset : offset + chunk_bytes]
+        )
+        yield weights_pb2.WeightUpdateMessage(chunk=chunk)
+
+
+async def measure_broadcast(iterations: int, quick: bool) -> dict:
+    tensors = broadcast_model(quick)
+    settings = BroadcastConfig()
+    chunk_bytes = int(settings.chunk_mb * 2**20)
+    header, buffers = build_header(tensors, 0)
+    data = b"".join(buffers)
+    prebuilt = list(iter_update_messages(tensors, 0, chunk_bytes))
+    server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
+    inference_pb2_grpc.add_InferenceServiceServicer_to_server(CountingSink(), server.server)
+    port = await server.start()
+    address = f"127.0.0.1:{port}"
+    broadcaster = GrpcWeightBroadcaster([address], settings, ClientOptions())
+    raw_s, prebuilt_s, trainer_s = [], [], []
+    try:
+        async with open_channel(address, ClientOptions(deadline_s=120)) as channel:
+            raw = inference_pb2_grpc.InferenceServiceStub(channel)
+            for i in range(iterations + 1):  # the first warms up
+                started = time.perf_counter()
+                reply = await raw.UpdateWeights(raw_stream(header, data, chunk_bytes))
+                raw_time = time.perf_counter() - started
+                assert reply.bytes_received == len(data)
+                started = time.perf_counter()
+                await raw.UpdateWeights(iter(prebuilt))
+                prebuilt_time = time.perf_counter() - started
+                started = time.perf_counter()
+                results = await broadcaster.broadcast(tensors, i + 1)
+                trainer_time = time.perf_counter() - started
+                if not results[0].ok:
+                    raise RuntimeError(f"broadcast to the sink failed: {results[0].error}")
+                if i >= 1:
+                    raw_s.append(raw_time)
+                    prebuilt_s.append(prebuilt_time)
+                    trainer_s.append(trainer_time)
+    finally:
+        await broadcaster.close()
+        await server.stop(0)
+    raw_ms, prebuilt_ms, trainer_ms = (statistics.median(x) * 1e3 for x in (raw_s, prebuilt_s, trainer_s))
+    mib = len(data) / 2**20
+    return {
+        "broadcast_bytes": len(data),
+        "broadcast_ms": trainer_ms,
+        "raw_stream_ms": raw_ms,
+        "prebuilt_stream_ms": prebuilt_ms,
+        "broadcast_mib_per_s": mib / trainer_ms * 1e3,
+        "raw_stream_mib_per_s": mib / raw_ms * 1e3,
+        "broadcast_ratio_vs_raw": paired_ratio(raw_s, trainer_s),
+        "broadcast_ratio_vs_prebuilt": paired_ratio(prebuilt_s, trainer_s),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)
+    quick = bool(args.quick)
+    with tempfile.TemporaryDirectory(prefix="rlrun-bench-trainer-") as scratch:
+        steps = asyncio.run(measure_steps(5 if quick else 30, Path(scratch)))
+    broadcast = asyncio.run(measure_broadcast(3 if quick else 15, quick))
+    result = {"benchmark": "trainer", "quick": quick, **steps, **broadcast}
+    print(f"batch: {PROMPTS * GROUP} samples, {steps['tokens_per_step']} tokens, tiny-d64")
+    print(f"(a) bare torch loop:          {steps['bare_step_ms']:8.2f} ms/step")
+    print(
+        f"(b) trainer step:             {steps['trainer_step_ms']:8.2f} ms/step "
+        f"({steps['trainer_tokens_per_s']:.0f} tokens/s)"
+    )
+    print(f"(c) SubmitBatch over gRPC:    {steps['service_step_ms']:8.2f} ms/step")
+    print(
+        f"a/b = {steps['ratio_vs_bare_loop']:.3f} (target >= 0.9)   a/c = {steps['service_ratio_vs_bare_loop']:.3f}"
+    )
+    print(
+        f"broadcast of {broadcast['broadcast_bytes'] / 2**20:.1f} MiB: trainer {broadcast['broadcast_ms']:.1f} ms "
+        f"({broadcast['broadcast_mib_per_s']:.0f} MiB/s), raw stream {broadcast['raw_stream_ms']:.1f} ms "
+        f"({broadcast['raw_stream_mib_per_s']:.0f} MiB/s), prebuilt messages {broadcast['prebuilt_stream_ms']:.1f} ms"
+    )
+    print(
+        f"raw/trainer = {broadcast['broadcast_ratio_vs_raw']:.3f} (target >= 0.8)   "
+        f"prebuilt/trainer = {broadcast['broadcast_ratio_vs_prebuilt']:.3f}"
+    )
+    line = json.dumps(result)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(line + "\n")
+    print(line)
+    return 0
