@@ -233,12 +233,15 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
-    if options.login is not None:
-        login = options.login
+    login = options.login
 
-        @kopf.on.login(registry=registry)
-        def _login(**_: Any) -> kopf.ConnectionInfo:
+    @kopf.on.login(registry=registry)
+    def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of kopf's default login handlers: in a pod use the service
+        # account, elsewhere the kubeconfig (KUBECONFIG or ~/.kube/config).
+        if login is not None:
             return login()
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.resume(*resource, registry=registry, id="reconcile")
     @kopf.on.create(*resource, registry=registry, id="reconcile")

@@ -318,7 +318,7 @@ async def _eventually(check, timeout: float = 10.0, interval: float = 0.1, messa
             if value:
                 return value
             last_error = None
-        except (AssertionError, KeyError, TypeError, IndexError) as error:
+        except (AssertionError, KeyError, TypeError, IndexError, OSError) as error:
             last_error = error
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(

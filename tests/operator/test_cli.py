@@ -1,0 +1,95 @@
+"""`rlrun operator` as a real process: kubeconfig login, the default API client, the liveness
+endpoint, and a reconcile against the API emulator, then a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import signal
+import socket
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = yaml.safe_load((REPO / "configs" / "k8s" / "rlrun.yaml").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthz(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+        return response.status
+
+
+async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
+    rlrun = Path(sys.executable).with_name("rlrun")
+    if not rlrun.exists():
+        pytest.skip("no rlrun console script next to this interpreter")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kmock", "cluster": {"server": str(k8s.url).rstrip("/")}}],
+                "users": [{"name": "kmock", "user": {"token": "test"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+                "current-context": "kmock",
+            }
+        )
+    )
+    port = free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "RLRUN_STATUS_INTERVAL": "0.5",
+        "RLRUN_IMAGE_TRAINER": "example.com/t:1",
+    }
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    process = await asyncio.create_subprocess_exec(
+        str(rlrun),
+        "operator",
+        "--namespace",
+        "default",
+        f"--liveness-port={port}",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        await eventually(lambda: healthz(port) == 200, timeout=30, message="liveness endpoint answers")
+        await asyncio.to_thread(kube.create, copy.deepcopy(SAMPLE))
+        trainer = await eventually(
+            lambda: kube.get("apps/v1", "StatefulSet", "default", "reverse-text-trainer"),
+            timeout=20,
+            message="trainer",
+        )
+        assert trainer["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/t:1"
+        run = await eventually(
+            lambda: (
+                (r := kube.get("rlrun.dev/v1alpha1", "RLRun", "default", "reverse-text"))
+                and r.get("status", {}).get("phase") == "Pending"
+                and r
+            ),
+            timeout=20,
+            message="status written",
+        )
+        degraded = {c["type"]: c for c in run["status"]["conditions"]}
+        assert degraded["ConfigValid"]["status"] == "True"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+        except TimeoutError:
+            process.kill()
+            output, _ = await process.communicate()
+    assert process.returncode == 0, output.decode()[-3000:]
