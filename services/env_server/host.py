@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,7 +18,7 @@ from rlrun.common.wire import trace_to_proto
 from rlrun.env_server.algorithms import BranchResult, run_env_algorithms
 from rlrun.env_server.logs import RolloutLog
 from rlrun.env_server.metrics import CANCELLED as CANCELLED_ROLLOUTS
-from rlrun.env_server.metrics import IN_FLIGHT, ROLLOUT_ERRORS, ROLLOUT_SECONDS, ROLLOUTS
+from rlrun.env_server.metrics import IN_FLIGHT, REQUEST_SECONDS, ROLLOUT_ERRORS, ROLLOUTS
 from rlrun.env_server.pool import JobCancelled, WorkerLost, WorkerPool
 from rlrun.env_server.registry import make_env
 from rlrun.env_server.rollout import CANCELLED, RolloutJob, error_traces
@@ -143,8 +143,7 @@ class EnvHost:
         finally:
             del self._jobs[job_id]
             IN_FLIGHT.labels(self.key).dec(len(job.rollout_ids))
-        for trace in response.traces:
-            self._record(trace)
+        self._record(response.traces)
         return response
 
     @staticmethod
@@ -153,14 +152,22 @@ class EnvHost:
             trace.validate()
         return response_type(traces=[trace_to_proto(t) for t in traces])
 
-    def _record(self, trace: trace_pb2.Trace) -> None:
-        self.rollout_log.record(trace)
-        stop = trace_pb2.StopCondition.Name(trace.stop_condition).removeprefix("STOP_CONDITION_").lower()
-        ROLLOUTS.labels(self.key, trace.task.split, stop).inc()
-        for error in trace.errors:
-            ROLLOUT_ERRORS.labels(self.key, error.type, str(error.retryable).lower()).inc()
-        if trace.timing.total_s:
-            ROLLOUT_SECONDS.labels(self.key).observe(trace.timing.total_s)
+    def _record(self, traces) -> None:
+        """One log line and one update per metric series for the whole request: per-rollout
+        logging and labelling would cost more than the rest of the server's own work."""
+        if not traces:
+            return
+        self.rollout_log.record(traces[0].task, traces[0].group_id, traces)
+        split = traces[0].task.split
+        stops = Counter(t.stop_condition for t in traces)
+        for stop, count in stops.items():
+            name = trace_pb2.StopCondition.Name(stop).removeprefix("STOP_CONDITION_").lower()
+            ROLLOUTS.labels(self.key, split, name).inc(count)
+        for (kind, retryable), count in Counter(
+            (e.type, e.retryable) for t in traces for e in t.errors
+        ).items():
+            ROLLOUT_ERRORS.labels(self.key, kind, str(retryable).lower()).inc(count)
+        REQUEST_SECONDS.labels(self.key).observe(max(t.timing.total_s for t in traces))
 
     def cancel(self, group_ids: set[str], rollout_ids: set[str]) -> int:
         """Cancels every job of these groups or holding one of these rollouts (a group's job

@@ -27,7 +27,7 @@ def _file_handler(path: Path) -> logging.FileHandler:
 
 
 class RolloutLog:
-    """One JSON line per rollout, in the log of the rollout's split."""
+    """One JSON line per request (a group, or a single rollout), in the log of its split."""
 
     def __init__(self, log_dir: Path, name: str):
         self.log_dir = Path(log_dir)
@@ -47,23 +47,30 @@ class RolloutLog:
             self._loggers[split] = logger
         return logger
 
-    def record(self, trace: trace_pb2.Trace) -> None:
-        self._logger(trace.task.split).info(
-            "rollout",
+    def record(self, task: trace_pb2.TaskRef, group_id: str, traces) -> None:
+        """Logs the outcome of one request: its task, and per rollout its id, reward and stop
+        condition, plus every error."""
+        self._logger(task.split).info(
+            "rollouts",
             extra={
                 "env": self.name,
-                "split": trace.task.split,
-                "idx": trace.task.idx,
-                "rollout_id": trace.rollout_id,
-                "group_id": trace.group_id,
-                "reward": trace.reward,
-                "rewards": {k: [v.score, v.weight] for k, v in trace.rewards.items()},
-                "stop_condition": trace_pb2.StopCondition.Name(trace.stop_condition),
+                "split": task.split,
+                "idx": task.idx,
+                "group_id": group_id,
+                "rollout_ids": [t.rollout_id for t in traces],
+                "rewards": [t.reward for t in traces],
+                "stop_conditions": [trace_pb2.StopCondition.Name(t.stop_condition) for t in traces],
                 "errors": [
-                    {"type": e.type, "message": e.message, "retryable": e.retryable} for e in trace.errors
+                    {
+                        "rollout_id": t.rollout_id,
+                        "type": e.type,
+                        "message": e.message,
+                        "retryable": e.retryable,
+                    }
+                    for t in traces
+                    for e in t.errors
                 ],
-                "policy_span": [trace.policy_span.start, trace.policy_span.end],
-                "total_s": trace.timing.total_s,
+                "total_s": max((t.timing.total_s for t in traces), default=0.0),
             },
         )
 

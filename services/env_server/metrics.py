@@ -19,9 +19,9 @@ ROLLOUT_ERRORS = Counter(
     "Rollouts returned with an error, by env and error type.",
     ["env", "type", "retryable"],
 )
-ROLLOUT_SECONDS = Histogram(
-    metric_name(SERVICE, "rollout_duration", "seconds"),
-    "Wall time of a rollout inside its worker.",
+REQUEST_SECONDS = Histogram(
+    metric_name(SERVICE, "request_duration", "seconds"),
+    "Wall time of a RunGroup or RunRollout request inside its worker.",
     ["env"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )

@@ -8,9 +8,10 @@ no room waits in the pool.
   when the rollouts in flight or waiting reach 90% of the ready capacity, and retires a
   process that has been idle for `idle_shrink_s` while more than `num_workers` are up.
 
-Workers are `spawn`ed processes (see rlrun.env_server.worker for the message protocol). A
-reader thread per worker drains its result queue until the worker says goodbye or dies, so
-no queue is ever left with undrained items and nothing hangs at exit.
+Workers are `spawn`ed processes; each talks to the pool over its own socket pair, read by an
+asyncio task (see rlrun.env_server.worker). The end of that stream is how the pool learns a
+worker is gone, and the end of the pool's side is how a worker learns the env-server is: no
+queue can be left with undrained items, so nothing hangs at exit.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import queue
-import threading
+import socket
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -27,12 +27,11 @@ from multiprocessing.process import BaseProcess
 from rlrun.common.config.env import PoolConfig
 from rlrun.env_server.metrics import WORKERS
 from rlrun.env_server.rollout import RolloutJob
-from rlrun.env_server.worker import WorkerSpec, worker_main
+from rlrun.env_server.worker import WorkerSpec, read_message, send_message, worker_main
 
 log = logging.getLogger("rlrun.env_server.pool")
 
 GROWTH_THRESHOLD = 0.9
-RESULT_POLL_S = 0.5
 STOP_GRACE_S = 10.0
 
 
@@ -52,8 +51,9 @@ class JobCancelled(Exception):
 class _Worker:
     index: int
     process: BaseProcess
-    requests: multiprocessing.Queue
-    results: multiprocessing.Queue
+    writer: asyncio.StreamWriter | None = None
+    pending: list[tuple] = field(default_factory=list)
+    """Messages sent before the connection was open."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     retiring: bool = False
@@ -63,8 +63,12 @@ class _Worker:
     idle_since: float = field(default_factory=time.monotonic)
 
     def send(self, message: tuple) -> None:
-        if not self.gone.is_set():
-            self.requests.put(message)
+        if self.gone.is_set():
+            return
+        if self.writer is None:
+            self.pending.append(message)
+        else:
+            send_message(self.writer, message)
 
 
 class WorkerPool:
@@ -79,7 +83,7 @@ class WorkerPool:
         self._next_index = 0
         self._stopping = False
         self._maintainer: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: set[asyncio.Task] = set()
 
     # -- state --------------------------------------------------------------------------------
 
@@ -108,7 +112,6 @@ class WorkerPool:
 
     async def start(self, timeout_s: float = 120.0) -> None:
         """Starts `num_workers` workers and waits until each has built its environment."""
-        self._loop = asyncio.get_running_loop()
         started = [self._spawn() for _ in range(self.config.num_workers)]
         for worker in started:
             ready = asyncio.ensure_future(worker.ready.wait())
@@ -136,70 +139,69 @@ class WorkerPool:
         for worker in self.workers:
             worker.retiring = True
             worker.send(("stop",))
-        waits = [asyncio.ensure_future(w.gone.wait()) for w in self.workers]
-        if waits:
-            await asyncio.wait(waits, timeout=STOP_GRACE_S)
-        for worker in list(self.workers):
-            if not worker.gone.is_set():
+        listeners = list(self._listeners)
+        if listeners:
+            _, late = await asyncio.wait(listeners, timeout=STOP_GRACE_S)
+            for worker in self.workers:
                 log.warning("env %s: worker %d did not stop; killing it", self.spec.env_key, worker.index)
                 worker.process.kill()
-        while self.workers:
-            await asyncio.wait(
-                [asyncio.ensure_future(w.gone.wait()) for w in self.workers], timeout=STOP_GRACE_S
-            )
+            await asyncio.gather(*late, return_exceptions=True)
         self._changed.set()
 
     def _spawn(self) -> _Worker:
-        requests, results = self._context.Queue(), self._context.Queue()
+        ours, theirs = socket.socketpair()
         index, self._next_index = self._next_index, self._next_index + 1
         process = self._context.Process(
             target=worker_main,
-            args=(self.spec, requests, results),
+            args=(self.spec, theirs),
             name=f"rlrun-env-{self.spec.env_key}-{index}",
             daemon=True,
         )
         process.start()
-        worker = _Worker(index, process, requests, results)
+        theirs.close()  # only the worker may hold its end, or its death would go unnoticed
+        worker = _Worker(index, process)
         self.workers.append(worker)
-        threading.Thread(
-            target=self._read, args=(worker,), name=process.name + "-results", daemon=True
-        ).start()
+        self._listeners.add(asyncio.ensure_future(self._listen(worker, ours)))
         WORKERS.labels(self.spec.env_key).set(self.size)
         log.info(
             "env %s: started worker %d (pid %d); %d workers", self.spec.env_key, index, process.pid, self.size
         )
         return worker
 
-    # -- worker messages (reader threads hand them to the loop) -------------------------------
+    async def _listen(self, worker: _Worker, sock: socket.socket) -> None:
+        """Reads the worker's messages until its stream ends, then reaps it."""
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        worker.writer = writer
+        for message in worker.pending:
+            send_message(writer, message)
+        worker.pending.clear()
+        said_bye = False
+        try:
+            while (message := await read_message(reader)) is not None:
+                if message[0] == "bye":
+                    said_bye = True
+                else:
+                    self._on_message(worker, message)
+        finally:
+            writer.close()
+            await self._reap(worker.process)
+            self._remove(worker, lost=not said_bye)
+            self._listeners.discard(asyncio.current_task())
 
-    def _read(self, worker: _Worker) -> None:
-        assert self._loop is not None
-        while True:
+    async def _reap(self, process: BaseProcess) -> None:
+        """Waits (without a thread) for the process to exit; kills it after STOP_GRACE_S."""
+        if process.exitcode is None:
+            loop = asyncio.get_running_loop()
+            exited = loop.create_future()
+            loop.add_reader(process.sentinel, lambda: exited.done() or exited.set_result(None))
             try:
-                message = worker.results.get(timeout=RESULT_POLL_S)
-            except queue.Empty:
-                if worker.process.is_alive():
-                    continue
-                message = self._last_words(worker)
-            except (EOFError, OSError):
-                message = ("lost",)
-            if message[0] in ("bye", "lost"):
-                worker.process.join(timeout=STOP_GRACE_S)  # here, not on the loop: exiting takes a moment
-                self._loop.call_soon_threadsafe(self._on_message, worker, message)
-                return
-            self._loop.call_soon_threadsafe(self._on_message, worker, message)
-
-    def _last_words(self, worker: _Worker) -> tuple:
-        """The worker has exited: hand over what it still flushed, then report it lost."""
-        assert self._loop is not None
-        while True:
-            try:
-                message = worker.results.get(timeout=0.05)
-            except (queue.Empty, EOFError, OSError):
-                return ("lost",)
-            if message[0] == "bye":
-                return message
-            self._loop.call_soon_threadsafe(self._on_message, worker, message)
+                await asyncio.wait_for(exited, STOP_GRACE_S)
+            except TimeoutError:
+                log.warning("env %s: %s did not exit; killing it", self.spec.env_key, process.name)
+                process.kill()
+            finally:
+                loop.remove_reader(process.sentinel)
+        process.join()
 
     def _on_message(self, worker: _Worker, message: tuple) -> None:
         kind = message[0]
@@ -216,8 +218,8 @@ class WorkerPool:
                     future.set_result(message[2])
                 else:
                     future.set_exception(JobFailed(message[2]))
-        elif kind in ("bye", "lost"):
-            self._remove(worker, lost=kind == "lost")
+        else:
+            raise ValueError(f"unknown worker message {kind!r}")
 
     def _release(self, worker: _Worker, job_id: int) -> None:
         worker.in_flight -= worker.jobs.pop(job_id, 0)
@@ -244,9 +246,6 @@ class WorkerPool:
                         f"(code {worker.process.exitcode}) while running the job"
                     )
                 )
-        worker.requests.cancel_join_thread()
-        worker.requests.close()
-        worker.results.close()
         self.workers.remove(worker)
         worker.gone.set()
         WORKERS.labels(self.spec.env_key).set(self.size)

@@ -1,22 +1,26 @@
 """A pool worker process: builds its own environment and inference client and runs many
 rollout jobs concurrently on one asyncio loop.
 
-The pool and its workers exchange only picklable plain data over multiprocessing queues:
+A worker and its pool talk over a socket pair, with asyncio streams on both ends (no helper
+threads, so nothing waits on a thread to be scheduled): each message is a 4-byte length and a
+pickle of plain data (bytes and dataclasses, never tensors).
   to the worker:   ("run", job_id, RolloutJob, timeout_s) | ("cancel", job_id) | ("stop",)
   from the worker: ("ready",) | ("done", job_id, bytes) | ("failed", job_id, message) | ("bye",)
 `done` carries a serialized message whose field 1 is `repeated Trace traces`, the layout
-RunRolloutResponse and RunGroupResponse share, so the pool parses it as either.
+RunRolloutResponse and RunGroupResponse share, so the pool parses it as either. End of
+stream means the other side is gone: a dead worker is noticed at once, and a worker whose
+env-server died exits instead of lingering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
-import queue
+import pickle
 import signal
-import threading
+import socket
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,21 @@ from rlrun.v1 import env_pb2
 
 log = logging.getLogger("rlrun.env_server.worker")
 
-PARENT_POLL_S = 1.0
+_LENGTH = struct.Struct("!I")
+
+
+def send_message(writer: asyncio.StreamWriter, message: tuple) -> None:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_LENGTH.pack(len(payload)) + payload)
+
+
+async def read_message(reader: asyncio.StreamReader) -> tuple | None:
+    """The next message, or None at the end of the stream (the other side is gone)."""
+    try:
+        (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+        return pickle.loads(await reader.readexactly(length))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -52,7 +70,7 @@ class WorkerSpec:
     log_level: str = "INFO"
 
 
-def worker_main(spec: WorkerSpec, requests: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+def worker_main(spec: WorkerSpec, sock: socket.socket) -> None:
     """Process entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the pool stops us
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -60,32 +78,14 @@ def worker_main(spec: WorkerSpec, requests: multiprocessing.Queue, results: mult
     setup_logging(f"env-server/{spec.env_key}", None, spec.log_level)
     if spec.log_dir is not None:
         logging.getLogger().addHandler(SplitFileHandler(spec.log_dir, spec.env_key))
-    asyncio.run(_serve(spec, requests, results))
-
-
-def _pump(requests: multiprocessing.Queue, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
-    """Moves messages from the pool into the loop; a dead parent becomes `orphaned`."""
-    parent = multiprocessing.parent_process()
-    while True:
-        try:
-            message = requests.get(timeout=PARENT_POLL_S)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                message = ("orphaned",)
-            else:
-                continue
-        except (EOFError, OSError):
-            message = ("orphaned",)
-        loop.call_soon_threadsafe(inbox.put_nowait, message)
-        if message[0] in ("stop", "orphaned"):
-            return
+    asyncio.run(_serve(spec, sock))
 
 
 class _Worker:
-    def __init__(self, env: Environment, runtime: Runtime, results: multiprocessing.Queue):
+    def __init__(self, env: Environment, runtime: Runtime, writer: asyncio.StreamWriter):
         self.env = env
         self.runtime = runtime
-        self.results = results
+        self.writer = writer
         self.jobs: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
 
     def start(self, job_id: int, job: RolloutJob, timeout_s: float) -> None:
@@ -97,10 +97,10 @@ class _Worker:
         try:
             traces = await run_rollouts(self.env, job, self.runtime, timeout_s, cancelled)
             payload = env_pb2.RunGroupResponse(traces=[trace_to_proto(t) for t in traces]).SerializeToString()
-            self.results.put(("done", job_id, payload))
+            send_message(self.writer, ("done", job_id, payload))
         except Exception as error:
             log.exception("job %d of env %s failed", job_id, job.env_key, extra={"split": job.task.split})
-            self.results.put(("failed", job_id, f"{type(error).__name__}: {error}"))
+            send_message(self.writer, ("failed", job_id, f"{type(error).__name__}: {error}"))
         finally:
             self.jobs.pop(job_id, None)
 
@@ -117,32 +117,30 @@ class _Worker:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _serve(spec: WorkerSpec, requests: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
     tokenizer = load_tokenizer(spec.tokenizer_path, spec.checkpoint_dir)
     client = InferenceClient(spec.client_options)
     worker = _Worker(
-        make_env(spec.env_id, spec.env_args), Runtime(tokenizer, client, spec.max_model_len), results
+        make_env(spec.env_id, spec.env_args), Runtime(tokenizer, client, spec.max_model_len), writer
     )
-    loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue = asyncio.Queue()
-    threading.Thread(target=_pump, args=(requests, loop, inbox), name="pool-inbox", daemon=True).start()
-    results.put(("ready",))
+    send_message(writer, ("ready",))
     try:
         while True:
-            message = await inbox.get()
+            message = await read_message(reader)
+            if message is None:  # the env-server is gone: nobody wants our results
+                break
             if message[0] == "run":
                 worker.start(*message[1:])
             elif message[0] == "cancel":
                 worker.cancel(message[1])
             elif message[0] == "stop":
                 await worker.drain()
-                results.put(("bye",))
-                break
-            elif message[0] == "orphaned":
-                # Nobody reads our results any more: exiting must not wait to flush them.
-                results.cancel_join_thread()
+                send_message(writer, ("bye",))
+                await writer.drain()
                 break
             else:
                 raise ValueError(f"unknown pool message {message[0]!r}")
     finally:
         await client.close()
+        writer.close()

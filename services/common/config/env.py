@@ -36,7 +36,8 @@ class PoolConfig(Section):
 
 class EnvConfig(Section):
     id: str
-    """Environment id in the env registry, e.g. `reverse-text`. Required."""
+    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`) or
+    the import path `package.module:Class` of an Environment subclass. Required."""
 
     name: str | None = None
     """Name of this entry (logs, metrics); defaults to `id`. Must be unique."""
