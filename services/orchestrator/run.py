@@ -34,6 +34,7 @@ from rlrun.orchestrator.credit import CreditPipelines, EnvAlgorithmSpec
 from rlrun.orchestrator.env_client import EnvDescription
 from rlrun.orchestrator.evaluation import eval_tasks, run_eval
 from rlrun.orchestrator.filters import RolloutFilters
+from rlrun.orchestrator.group import RolloutGroup
 from rlrun.orchestrator.outputs import EVAL_DIR, ROLLOUTS_DIR, RunOutputs
 from rlrun.orchestrator.plan import compile_plans, member_temperatures, samples_live_policy, trained_members
 from rlrun.orchestrator.rollouts import EnvRollouts
@@ -420,7 +421,7 @@ class Run:
                 ):
                     try:
                         built = await self._collect(
-                            scheduler, phase, target=self.version + (pending is not None)
+                            scheduler, phase, target=self.version + (pending is not None), training=pending
                         )
                     except RunStopped:
                         built = None
@@ -442,27 +443,38 @@ class Run:
             self.state.groups_dropped_stale = self._stale_before
             self._scheduler = None
 
-    async def _take(self, scheduler: GroupScheduler):
+    async def _take(self, scheduler: GroupScheduler, training: asyncio.Task | None) -> RolloutGroup:
+        """The next group; raises RunStopped on Stop, and the training step's error as soon as it
+        fails (a synchronous run would otherwise wait for groups that are never dispatched)."""
         take = asyncio.ensure_future(scheduler.take())
         stop = asyncio.ensure_future(self._stop.wait())
+        watched = {take, stop} | ({training} if training is not None else set())
         try:
-            await asyncio.wait({take, stop}, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if take in done:
+                    return take.result()
+                if stop in done:
+                    raise RunStopped
+                if training is not None and training in done:
+                    training.result()  # raises the step's error, if any
+                    watched.discard(training)
         finally:
             stop.cancel()
-        if take.done():
-            return take.result()
-        take.cancel()
-        await asyncio.gather(take, return_exceptions=True)
-        raise RunStopped
+            if not take.done():
+                take.cancel()
+                await asyncio.gather(take, return_exceptions=True)
 
-    async def _collect(self, scheduler: GroupScheduler, phase: Phase, target: int) -> BuiltStep:
+    async def _collect(
+        self, scheduler: GroupScheduler, phase: Phase, target: int, training: asyncio.Task | None
+    ) -> BuiltStep:
         for attempt in range(1, MAX_BATCH_ATTEMPTS + 1):
             scheduler.begin_batch(target)
             started = time.monotonic()
             credit_seconds = 0.0
             groups = []
             while len(groups) < phase.settings.batch_size:
-                group = await self._take(scheduler)
+                group = await self._take(scheduler, training)
                 credit_started = time.monotonic()
                 await phase.credit.apply(group)
                 credit_seconds += time.monotonic() - credit_started

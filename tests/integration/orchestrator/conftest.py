@@ -50,6 +50,7 @@ class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
         self.checkpoints: list[tuple[int, bytes]] = []
         self.step_reached = asyncio.Event()
         self.crash_at: int | None = None
+        self.reject_step: int | None = None
 
     async def GetStatus(self, request, context):
         return trainer_pb2.GetTrainerStatusResponse(
@@ -61,6 +62,10 @@ class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
         if batch.step != self.step:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"batch.step {batch.step} != trainer step {self.step}"
+            )
+        if batch.step == self.reject_step:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "batch.samples[0].mask: rejected by the fake"
             )
         await asyncio.sleep(self.delay)
         self.batches.append(batch)

@@ -213,6 +213,14 @@ async def test_monitored_filters_still_train(stack, tmp_path):
     assert sample("rlrun_orchestrator_filtered_ratio") == 0.0  # monitored, so none kept from training
 
 
+async def test_a_failed_step_fails_a_synchronous_run_at_once(stack, tmp_path):
+    stack.trainer.reject_step = 1
+    config = stack.config(tmp_path, max_off_policy_steps=0, eval={"enabled": False})
+    status = await asyncio.wait_for(execute(config), timeout=60)
+    assert status.phase == "failed"
+    assert status.last_error == "gRPC INVALID_ARGUMENT: batch.samples[0].mask: rejected by the fake"
+
+
 async def test_skipped_steps_are_taken_again(stack, tmp_path):
     stack.trainer.skip_steps = {1}
     status = await execute(stack.config(tmp_path, max_steps=3, eval={"enabled": False}))
