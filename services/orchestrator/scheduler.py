@@ -207,6 +207,14 @@ class GroupScheduler:
         task.add_done_callback(self._cancels.discard)
 
     async def _produce(self) -> None:
+        try:
+            await self._dispatch_forever()
+        except Exception as error:  # the run loop waits on take(): hand it the error
+            self._fatal = error
+            self._arrived.set()
+            raise
+
+    async def _dispatch_forever(self) -> None:
         s = self.settings
         while True:
             self._wake.clear()
