@@ -107,9 +107,11 @@ class RunPlans:
 
     train: dict[str, GenerationPlan]
     eval: dict[str, GenerationPlan]
-    """Greedy (or eval-sampled) live policy; also used for the warm start's dev set."""
+    """The live policy with the eval's sampling (greedy by default)."""
     warmup: dict[str, GenerationPlan]
     """The warm start's actor (empty when there is no warm start)."""
+    dev: dict[str, GenerationPlan]
+    """The live policy, always greedy: the warm start's dev-set check (empty without a warm start)."""
 
 
 def compile_plans(config: RunConfig) -> RunPlans:
@@ -117,6 +119,7 @@ def compile_plans(config: RunConfig) -> RunPlans:
     train: dict[str, GenerationPlan] = {}
     evals: dict[str, GenerationPlan] = {}
     warmup: dict[str, GenerationPlan] = {}
+    dev: dict[str, GenerationPlan] = {}
     for env in orch.train.env:
         train[env.key] = compile_plan(config, actor=orch.actor, sampling=_env_sampling(config, env))
         evals[env.key] = compile_plan(
@@ -130,7 +133,10 @@ def compile_plans(config: RunConfig) -> RunPlans:
             warmup[env.key] = compile_plan(
                 config, actor=orch.warm_start.actor, sampling=_env_sampling(config, env)
             )
-    return RunPlans(train=train, eval=evals, warmup=warmup)
+            dev[env.key] = compile_plan(
+                config, actor=POLICY, sampling=sampling_params(orch.train.sampling, env.sampling, greedy=True)
+            )
+    return RunPlans(train=train, eval=evals, warmup=warmup, dev=dev)
 
 
 def _env_sampling(config: RunConfig, env: EnvConfig) -> SamplingParams:

@@ -243,6 +243,7 @@ class Run:
         vocab = model_vocab_size(self.config) if orch.filters.gibberish.enabled else None
         self.filters = RolloutFilters(orch.filters, vocab)
         self.eval_targets = self._targets(self.plans.eval)
+        self.dev_targets = self._targets(self.plans.dev)
         self._restore()
 
     def _check_members(self, descriptions: dict[str, EnvDescription]) -> None:
@@ -664,12 +665,20 @@ class Run:
     # -- evals --------------------------------------------------------------------------------------
 
     async def _run_eval(
-        self, split: str, num_tasks: int, k: int, name: str, file: str, rl_step: int, counts: dict[str, int]
+        self,
+        targets: dict[str, EnvRollouts],
+        split: str,
+        num_tasks: int,
+        k: int,
+        name: str,
+        file: str,
+        rl_step: int,
+        counts: dict[str, int],
     ) -> dict[str, float]:
         started = time.monotonic()
         tasks = eval_tasks(counts, split, num_tasks)
         result = await run_eval(
-            self.eval_targets,
+            targets,
             tasks,
             k=k,
             solved_threshold=self.orch.eval.solved_threshold,
@@ -719,8 +728,9 @@ class Run:
     async def _evaluate(self, rl_step: int) -> dict[str, float]:
         ev = self.orch.eval
         counts = {key: d.task_counts["eval"] for key, d in self.descriptions.items()}
+        k = 1 if ev.greedy else ev.pass_k
         summary = await self._run_eval(
-            "eval", ev.num_tasks, 1 if ev.greedy else ev.pass_k, "eval", f"step_{rl_step}", rl_step, counts
+            self.eval_targets, "eval", ev.num_tasks, k, "eval", f"step_{rl_step}", rl_step, counts
         )
         self._last_eval = EvalRecord(rl_step, summary)
         self.status.eval_reward = summary["eval_reward"]
@@ -729,7 +739,14 @@ class Run:
     async def _evaluate_dev(self, warm_step: int) -> float:
         counts = {key: d.task_counts["train"] for key, d in self.descriptions.items()}
         summary = await self._run_eval(
-            "train", self.orch.warm_start.dev_tasks, 1, "dev", f"dev_step_{warm_step}", warm_step, counts
+            self.dev_targets,
+            "train",
+            self.orch.warm_start.dev_tasks,
+            1,
+            "dev",
+            f"dev_step_{warm_step}",
+            warm_step,
+            counts,
         )
         self.state.dev_reward = summary["dev_reward"]
         self.status.eval_reward = summary["dev_reward"]

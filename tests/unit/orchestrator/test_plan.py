@@ -42,7 +42,7 @@ def test_single_agent_config_is_a_one_target_policy_plan():
     assert (target.sampling.temperature, target.sampling.max_tokens) == (0.7, 12)  # the env's override
     assert plans.train["arithmetic"].targets["policy"].sampling.temperature == 0.9
     assert not plan.is_multi_agent and trained_members(plan) == {"policy"} and samples_live_policy(plan)
-    assert plans.warmup == {}
+    assert plans.warmup == {} and plans.dev == {}
 
 
 def test_eval_plan_is_greedy_on_the_live_policy():
@@ -56,13 +56,15 @@ def test_eval_plan_is_greedy_on_the_live_policy():
 
 
 def test_warm_start_plays_the_oracle_as_a_fixed_rule_target():
-    plans = compile_plans(config(warm_start={"max_steps": 5}))
+    plans = compile_plans(config(warm_start={"max_steps": 5}, eval={"greedy": False}))
     target = plans.warmup["reverse-text"].targets["policy"]
     assert target.model == ModelEndpoint("oracle", "rule", [])
     assert target.role == "fixed"
     assert trained_members(plans.warmup["reverse-text"]) == {"policy"}  # the policy learns from the oracle
     assert not samples_live_policy(plans.warmup["reverse-text"])
     assert member_temperatures(plans.warmup["reverse-text"], env_temperature=0.7) == {"policy": 1.0}
+    dev = plans.dev["reverse-text"].targets["policy"]
+    assert (dev.model.name, dev.sampling.temperature) == ("policy", 0.0)  # the dev check is always greedy
 
 
 def test_actor_selects_a_named_model_target():
