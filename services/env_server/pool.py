@@ -249,7 +249,9 @@ class WorkerPool:
         self.workers.remove(worker)
         worker.gone.set()
         WORKERS.labels(self.spec.env_key).set(self.size)
-        if not self._stopping:
+        if not self._stopping and worker.ready.is_set():
+            # Replace a worker that died in service; one that died while starting would only
+            # die again (its environment cannot be built), so it is not retried.
             while self.size < self.config.num_workers:
                 self._spawn()
         self._changed.set()
@@ -280,6 +282,10 @@ class WorkerPool:
                     raise JobCancelled()
                 if self._stopping:
                     raise WorkerLost(f"env {self.spec.env_key}: the pool is stopping")
+                if not self.live:
+                    raise WorkerLost(
+                        f"env {self.spec.env_key}: no worker is running (see the env-server's stderr)"
+                    )
                 worker = self._pick(weight)
                 if worker is not None:
                     return worker

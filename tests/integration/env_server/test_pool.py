@@ -162,3 +162,21 @@ async def test_stop_with_work_in_flight_returns_it_cancelled_and_leaves_no_proce
     for payload in await asyncio.gather(*running):
         assert {t.stop_condition for t in traces(payload)} == {trace_pb2.STOP_CONDITION_CANCELLED}
     assert not any(p.is_alive() for p in processes)
+
+
+async def test_a_worker_that_cannot_build_its_env_fails_the_start(tmp_path):
+    spec = WorkerSpec(
+        env_key="bad",
+        env_id="no-such-env",
+        env_args={},
+        tokenizer_path=REPO / "configs/tokenizer/char.json",
+        checkpoint_dir=None,
+        max_model_len=32,
+        log_dir=tmp_path,
+    )
+    pool = WorkerPool(spec, PoolConfig(num_workers=1))
+    with pytest.raises(RuntimeError, match="exited with code 1"):
+        await pool.start()
+    assert pool.workers == []
+    with pytest.raises(WorkerLost, match="stopping"):
+        await pool.run(1, job("127.0.0.1:1", 1), 5, asyncio.Event())
