@@ -2,9 +2,11 @@
 apply/prune steps of a reconcile.
 
 Objects are plain dicts. Paths are built from (apiVersion, kind) for the few kinds the operator
-touches, so no discovery round trips are needed. Updates are JSON merge patches; an object is
-patched only when the hash of its desired form (kept in the annotation `rlrun.dev/applied-hash`)
-changed, so server-side defaulting never causes endless patching.
+touches, so no discovery round trips are needed. Updates are JSON merge patches. An object is
+patched when the hash of its desired form (kept in the annotation `rlrun.dev/applied-hash`)
+changed, or when someone edited a field the operator sets (the desired object is no longer a
+subset of the live one; the fields the API server defaults are extra and do not count, and
+resource quantities compare by value, so "1" and 1 or "500m" and "0.5" are equal).
 """
 
 from __future__ import annotations
@@ -162,6 +164,36 @@ class ApplyResult:
         return bool(self.created or self.updated or self.deleted)
 
 
+def _quantity(value: Any) -> Any:
+    try:
+        from kubernetes.utils import parse_quantity
+
+        return parse_quantity(value)
+    except (ValueError, TypeError, ImportError):
+        return value
+
+
+def is_subset(desired: Any, live: Any, quantities: bool = False) -> bool:
+    """Whether every field of `desired` has the same value in `live` (lists item by item)."""
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return False
+        return all(
+            key in live
+            and is_subset(value, live[key], quantities or key in ("requests", "limits", "capacity"))
+            for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(is_subset(d, v, quantities) for d, v in zip(desired, live, strict=True))
+        )
+    if quantities and desired != live:
+        return _quantity(desired) == _quantity(live)
+    return desired == live
+
+
 def _label(obj: dict[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
@@ -183,7 +215,9 @@ def apply_objects(
             if live is None:
                 live = kube.create(obj)
                 result.created.append(_label(obj))
-            elif ((live.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH) != digest:
+            elif ((live.get("metadata") or {}).get("annotations") or {}).get(
+                APPLIED_HASH
+            ) != digest or not is_subset(obj, live):
                 live = kube.patch(api_version, kind, namespace, name, obj)
                 result.updated.append(_label(obj))
         except KubeError as error:

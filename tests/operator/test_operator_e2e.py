@@ -47,9 +47,39 @@ async def call(fn, *args):
     return await asyncio.to_thread(fn, *args)
 
 
+# Assertions read the emulator's stored objects directly (cheap, and on its own event loop);
+# the operator under test goes through the HTTP API like any client.
+KINDS = {
+    "configmaps": ("v1", "ConfigMap"),
+    "services": ("v1", "Service"),
+    "persistentvolumeclaims": ("v1", "PersistentVolumeClaim"),
+    "statefulsets": ("apps/v1", "StatefulSet"),
+    "deployments": ("apps/v1", "Deployment"),
+}
+
+
+def stored(k8s, plural: str, name: str) -> dict | None:
+    for (resource, namespace, key), obj in list(k8s.objects.items()):
+        if resource.plural == plural and namespace == NS and key == name and not obj.deleted:
+            return obj.raw
+    return None
+
+
+def present_in(k8s) -> set[tuple[str, str, str]]:
+    return {
+        (*KINDS[resource.plural], name)
+        for (resource, namespace, name), obj in list(k8s.objects.items())
+        if resource.plural in KINDS
+        and namespace == NS
+        and not obj.deleted
+        and obj.raw["metadata"].get("labels", {}).get("rlrun.dev/run") == NAME
+    }
+
+
 def present(kube) -> set[tuple[str, str, str]]:
+    """The same, through the API (blocking; run it in a thread)."""
     found = set()
-    for api_version, kind in KINDS:
+    for api_version, kind in KINDS.values():
         found |= {
             (api_version, kind, o["metadata"]["name"])
             for o in kube.list(api_version, kind, NS, {"rlrun.dev/run": NAME})
@@ -61,10 +91,24 @@ def get_run(kube):
     return kube.get(*RLRUN, NS, NAME)
 
 
-def phase_is(kube, phase):
-    def check():
-        run = get_run(kube)
+def has(k8s, expected):
+    async def check():
+        return present_in(k8s) == expected
+
+    return check
+
+
+def phase_is(k8s, phase):
+    async def check():
+        run = stored(k8s, "rlruns", NAME)
         return (run or {}).get("status", {}).get("phase") == phase and run
+
+    return check
+
+
+def gone(k8s):
+    async def check():
+        return stored(k8s, "rlruns", NAME) is None
 
     return check
 
@@ -99,7 +143,7 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
     uid = run["metadata"]["uid"]
 
     # 1-2. The children appear, each owned by the run.
-    await eventually(lambda: present(kube) == WORKLOADS | KEPT, message="children created")
+    await eventually(has(k8s, WORKLOADS | KEPT), message="children created")
     for api_version, kind, name in WORKLOADS | KEPT:
         obj = await call(kube.get, api_version, kind, NS, name)
         (owner,) = obj["metadata"]["ownerReferences"]
@@ -111,7 +155,7 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
     )
 
     # Pending: the orchestrator says so and nothing is ready yet.
-    run = await eventually(phase_is(kube, "Pending"), message="phase Pending")
+    run = await eventually(phase_is(k8s, "Pending"), message="phase Pending")
     assert "rlrun.dev/finalizer" in run["metadata"]["finalizers"]
     assert run["status"]["observedGeneration"] == run["metadata"]["generation"] == 1
     assert conditions(run)["ConfigValid"] == "True"
@@ -130,8 +174,8 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
         tokens_per_s=1234.5,
     )
 
-    def running_at_step_7():
-        run = get_run(kube)
+    async def running_at_step_7():
+        run = stored(k8s, "rlruns", NAME)
         return run["status"].get("phase") == "Running" and run["status"].get("step") == 7 and run
 
     run = await eventually(running_at_step_7, message="phase Running at step 7")
@@ -159,13 +203,13 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
 
     # Suspend: the pods go; storage, config and Services stay. Resume brings the pods back.
     await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"suspend": True}})
-    await eventually(lambda: present(kube) == KEPT, message="workloads deleted on suspend")
-    run = await eventually(phase_is(kube, "Suspended"), message="phase Suspended")
+    await eventually(has(k8s, KEPT), message="workloads deleted on suspend")
+    run = await eventually(phase_is(k8s, "Suspended"), message="phase Suspended")
     assert run["status"]["observedGeneration"] == 2
     await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"suspend": False}})
-    await eventually(lambda: present(kube) == WORKLOADS | KEPT, message="workloads back after resume")
+    await eventually(has(k8s, WORKLOADS | KEPT), message="workloads back after resume")
     await call(mark_ready, kube)
-    await eventually(phase_is(kube, "Running"), message="Running again")
+    await eventually(phase_is(k8s, "Running"), message="Running again")
 
     # The run finishes: the GPUs are freed (workloads deleted), the PVC stays, the phase sticks.
     orchestrator_stub.response = orchestrator_pb2.GetRunStatusResponse(
@@ -175,9 +219,9 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
         policy_version=100,
         train_reward=0.9,
     )
-    run = await eventually(phase_is(kube, "Succeeded"), message="phase Succeeded")
+    run = await eventually(phase_is(k8s, "Succeeded"), message="phase Succeeded")
     assert run["status"]["completionTime"] and run["status"]["step"] == 100
-    await eventually(lambda: present(kube) == KEPT, message="workloads deleted once finished")
+    await eventually(has(k8s, KEPT), message="workloads deleted once finished")
     orchestrator_stub.response = orchestrator_pb2.GetRunStatusResponse(
         phase=orchestrator_pb2.RUN_PHASE_PENDING
     )
@@ -186,7 +230,7 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
 
     # 4-5. Delete: the children go, then the finalizer is released and the object disappears.
     await call(kube.delete, *RLRUN, NS, NAME)
-    await eventually(lambda: get_run(kube) is None, message="RLRun gone after its finalizer")
+    await eventually(gone(k8s), message="RLRun gone after its finalizer")
     assert await call(present, kube) == set()
 
 
@@ -195,7 +239,7 @@ async def test_invalid_config_creates_no_pods(k8s, kube, run_operator, orchestra
     bad = copy.deepcopy(SAMPLE)
     bad["spec"]["config"] = bad["spec"]["config"].replace("group_size = 8", "group_size = 0")
     await call(kube.create, bad)
-    run = await eventually(phase_is(kube, "Failed"), message="phase Failed")
+    run = await eventually(phase_is(k8s, "Failed"), message="phase Failed")
     valid = next(c for c in run["status"]["conditions"] if c["type"] == "ConfigValid")
     assert valid["status"] == "False" and valid["reason"] == "InvalidConfig"
     assert "orchestrator.group_size" in valid["message"]
@@ -208,6 +252,37 @@ async def test_invalid_config_creates_no_pods(k8s, kube, run_operator, orchestra
 
     # Fixing the spec recovers the run.
     await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"config": SAMPLE["spec"]["config"]}})
-    await eventually(lambda: present(kube) == WORKLOADS | KEPT, message="children after the fix")
-    run = await eventually(phase_is(kube, "Pending"), message="phase Pending after the fix")
+    await eventually(has(k8s, WORKLOADS | KEPT), message="children after the fix")
+    run = await eventually(phase_is(k8s, "Pending"), message="phase Pending after the fix")
     assert conditions(run)["ConfigValid"] == "True"
+
+
+async def test_drift_is_repaired_and_finished_runs_expire(
+    k8s, kube, run_operator, orchestrator_stub, eventually
+):
+    await run_operator(
+        status_interval_s=0.2, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
+    )
+    run = copy.deepcopy(SAMPLE)
+    run["spec"]["ttlSecondsAfterFinished"] = 1
+    await call(kube.create, run)
+    await eventually(has(k8s, WORKLOADS | KEPT), message="children created")
+
+    # Someone deletes the trainer or edits the orchestrator: the next status tick puts them back.
+    await call(kube.delete, "apps/v1", "StatefulSet", NS, f"{NAME}-trainer")
+    await call(kube.patch, "apps/v1", "Deployment", NS, f"{NAME}-orchestrator", {"spec": {"replicas": 5}})
+
+    async def repaired():
+        orchestrator = stored(k8s, "deployments", f"{NAME}-orchestrator")
+        return stored(k8s, "statefulsets", f"{NAME}-trainer") and orchestrator["spec"]["replicas"] == 1
+
+    await eventually(repaired, message="trainer recreated and orchestrator replicas restored")
+
+    # It fails; one second after completion the TTL deletes the RLRun, and the children go with it.
+    orchestrator_stub.response = orchestrator_pb2.GetRunStatusResponse(
+        phase=orchestrator_pb2.RUN_PHASE_FAILED, step=3, last_error="every batch was filtered 3 times"
+    )
+    failed = await eventually(phase_is(k8s, "Failed"), message="phase Failed")
+    assert failed["status"]["lastError"] == "every batch was filtered 3 times"
+    await eventually(gone(k8s), timeout=15, message="deleted by ttlSecondsAfterFinished")
+    assert await call(present, kube) == set()
