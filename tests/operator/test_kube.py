@@ -1,0 +1,81 @@
+"""The apply/prune layer: what counts as drift, and create/patch/prune against the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+from rlrun.operator.kube import APPLIED_HASH, apply_objects, is_subset, prune_objects
+
+UID = "11111111-2222-3333-4444-555555555555"
+
+
+def test_server_defaults_and_equal_quantities_are_not_drift():
+    desired = {
+        "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": "0.5"}}}]}
+    }
+    live = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "a",
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "500m"}},
+                    "terminationMessagePath": "/dev/termination-log",
+                }
+            ],
+            "dnsPolicy": "ClusterFirst",
+        }
+    }
+    assert is_subset(desired, live)
+
+
+def test_edits_to_operator_fields_are_drift():
+    desired = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"image": "a:1"}]}}}}
+    assert not is_subset(
+        desired, {"spec": {"replicas": 3, "template": {"spec": {"containers": [{"image": "a:1"}]}}}}
+    )
+    assert not is_subset(
+        desired, {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"image": "a:2"}]}}}}
+    )
+    assert not is_subset(desired, {"spec": {"replicas": 1, "template": {"spec": {"containers": []}}}})
+    assert not is_subset(
+        {"spec": {"replicas": "1"}}, {"spec": {"replicas": 1}}
+    )  # quantities only under resources
+
+
+def config_map(data: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "r-config",
+            "namespace": "default",
+            "labels": {"rlrun.dev/run": "r"},
+            "ownerReferences": [
+                {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "name": "r", "uid": UID}
+            ],
+        },
+        "data": {"config.toml": data},
+    }
+
+
+async def test_apply_creates_patches_only_on_change_and_prunes(kube):
+    first = await asyncio.to_thread(apply_objects, kube, [config_map("a = 1")])
+    assert first.created == ["ConfigMap/r-config"] and not first.updated
+    live = first.live[("v1", "ConfigMap", "r-config")]
+    assert live["metadata"]["annotations"][APPLIED_HASH]
+    again = await asyncio.to_thread(apply_objects, kube, [config_map("a = 1")])
+    assert not again.changed
+    changed = await asyncio.to_thread(apply_objects, kube, [config_map("a = 2")])
+    assert changed.updated == ["ConfigMap/r-config"]
+    assert (await asyncio.to_thread(kube.get, "v1", "ConfigMap", "default", "r-config"))["data"] == {
+        "config.toml": "a = 2"
+    }
+    # Someone else's object with the run's label but no owner reference is never pruned.
+    foreign = copy.deepcopy(config_map("x"))
+    foreign["metadata"]["name"] = "not-ours"
+    foreign["metadata"]["ownerReferences"] = []
+    await asyncio.to_thread(kube.create, foreign)
+    pruned = await asyncio.to_thread(prune_objects, kube, "r", "default", UID, [])
+    assert pruned.deleted == ["ConfigMap/r-config"]
+    assert await asyncio.to_thread(kube.get, "v1", "ConfigMap", "default", "not-ours")
