@@ -12,7 +12,7 @@ import socket
 import grpc
 
 from rlrun.common.config import RunConfig
-from rlrun.common.grpc_client import ClientOptions, wait_for_health
+from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.logs import setup_logging
 from rlrun.common.model import arch_dict
 from rlrun.common.service import ServiceContext, limit_threads, log_dir_for, serve_main
@@ -43,20 +43,32 @@ def make_broadcaster(config: RunConfig, client: ClientOptions) -> WeightBroadcas
         from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
 
         return CollectiveWeightBroadcaster(
-            addresses, settings, client, host=nccl_host(config), backend="nccl"
+            addresses,
+            settings,
+            client,
+            host=nccl_host(config),
+            backend="nccl",
+            ranks_per_replica=config.inference.vllm.tensor_parallel_size,
+            device=config.trainer.device,
         )
     return GrpcWeightBroadcaster(addresses, settings, client)
 
 
-async def _push_resumed_weights(
-    runtime: TrainerRuntime, addresses: list[str], client: ClientOptions, timeout_s: float
-) -> None:
-    """After a resume, replicas that start with the configured init must get the resumed weights."""
-    await asyncio.gather(*(wait_for_health(a, client, timeout_s) for a in addresses), return_exceptions=True)
-    results = await runtime.broadcast_current()
-    failed = [r.address for r in results if not r.ok]
-    if failed:
-        log.error("resumed weights (version %d) did not reach %s", runtime.version, ", ".join(failed))
+async def push_resumed_weights(runtime: TrainerRuntime, timeout_s: float, retry_s: float = 1.0) -> None:
+    """After a resume, replicas started from the configured init must get the resumed weights.
+    They may still be starting (one started with `--require-version` stays NOT_SERVING until
+    it has them), so the broadcast is repeated until every replica took it or `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        failed = [r.address for r in await runtime.broadcast_current() if not r.ok]
+        if not failed:
+            log.info("resumed weights (version %d) pushed to every replica", runtime.version)
+            return
+        if loop.time() >= deadline:
+            log.error("resumed weights (version %d) did not reach %s", runtime.version, ", ".join(failed))
+            return
+        await asyncio.sleep(retry_s)
 
 
 def create_runtime(
@@ -122,8 +134,7 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
             )
             add_trainer_service(ctx.server.server, runtime, config)
             if learner.version > 0 and config.inference.addresses:
-                addresses = list(config.inference.addresses)
-                push = _push_resumed_weights(runtime, addresses, client, config.trainer.broadcast.timeout_s)
+                push = push_resumed_weights(runtime, config.trainer.broadcast.timeout_s)
                 ctx.background.append(asyncio.create_task(push))
 
             async def cleanup() -> None:

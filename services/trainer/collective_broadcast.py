@@ -1,34 +1,39 @@
 """Weight broadcast over a collective (`trainer.broadcast.transport = "nccl"`, GPU clusters).
 
-The tensor bytes travel over an NCCL broadcast from the trainer (rank 0) to the replicas
-(ranks 1..k); gRPC only carries the handshake. Per update:
+The tensor bytes travel over an NCCL broadcast from the trainer (rank 0) to the inference
+workers; gRPC only carries the handshake. Per update:
 
-1. Probe every replica (GetStatus, UNAVAILABLE retried). Live ones get ranks 1..k in address
-   order; dead ones are reported and left out, so they cannot stall the collective.
+1. Probe every replica (GetStatus, UNAVAILABLE retried). Live ones are given ranks in address
+   order, each replica as many as its tensor-parallel workers (`ranks_per_replica`): replica i
+   starts at rank 1 + i * ranks_per_replica. Dead ones are reported and left out, so they
+   cannot stall the collective.
 2. Send each live replica an UpdateWeights stream holding only a header with
    `transport = WEIGHT_TRANSPORT_NCCL` and `nccl = NcclRendezvous{host, port, world_size,
-   rank, group_name}` (the checksum is 0: the bytes never pass through the CPU).
-3. Join the group (rank 0) and broadcast every tensor in header order, from rank 0.
-4. Each replica answers its UpdateWeights call once it has received and applied the tensors.
+   rank (the replica's first rank), group_name}` (the checksum is 0: the bytes never pass
+   through the CPU).
+3. Join the group as rank 0 (hosting its rendezvous store at host:port) and broadcast every
+   tensor in header order.
+4. Each replica answers its UpdateWeights call once it has received and loaded the tensors.
 
-The rendezvous store (a TCPStore hosted by the trainer) lives as long as the trainer; a group
-is keyed by `group_name` under it and reused while the set of live replicas stays the same. A
-new set, or a failed transfer, starts a new group name. Receivers therefore join a group the
-first time they see its name, reuse it while the name repeats, and, for every update:
-allocate each header tensor (dtype, shape) on their GPU, call
-`ProcessGroupNCCL.broadcast([tensor], BroadcastOptions(rootRank=0))` in header order, and
-load the tensors, which are named as in a gRPC update.
+A group is reused while the set of live replicas stays the same; a new set, or a failed
+transfer, makes a new group under a new name (and port, unless `nccl_port` pins it).
+Receivers join when the rendezvous they are sent differs from the one they joined last.
 
-`backend = "gloo"` runs the very same protocol on CPU tensors (tests, no GPU needed).
+`join_weight_group` is the one way both sides join: for "nccl", vLLM's `StatelessProcessGroup`
+and `PyNcclCommunicator` (what the vLLM workers use; the trainer then needs the `vllm` extra);
+for "gloo", a torch gloo group over a TCPStore, which runs the very same protocol on CPU
+tensors (tests, no GPU needed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -44,15 +49,43 @@ log = logging.getLogger("rlrun.trainer.collective_broadcast")
 PROBE_TIMEOUT_S = 10.0
 
 
-def new_process_group(backend: str, store: dist.Store, rank: int, world_size: int, timeout: timedelta):
-    """A process group outside torch.distributed's default world (the replicas are not part
-    of the trainer's torchrun job). Gloo connects here; NCCL on its first collective."""
+class WeightGroup(Protocol):
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """From rank 0 into `tensor` on every other rank, in place."""
+        ...
+
+
+class _GlooGroup:
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout: timedelta):
+        # The master store waits for every rank to connect: this call is the rendezvous.
+        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+
+
+class _NcclGroup:
+    def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device):
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        self.device = device
+        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+        self.communicator = PyNcclCommunicator(group, device=device)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream(self.device))
+
+
+def join_weight_group(
+    backend: str, host: str, port: int, rank: int, world_size: int, device: torch.device, timeout: timedelta
+) -> WeightGroup:
+    """Blocks until every rank of the group has joined."""
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        return _GlooGroup(host, port, rank, world_size, timeout)
     if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+        return _NcclGroup(host, port, rank, world_size, device)
     raise ValueError(f"unknown weight-broadcast backend {backend!r}")
 
 
@@ -68,13 +101,20 @@ def header_for(tensors: dict[str, torch.Tensor], version: int) -> weights_pb2.We
     )
 
 
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 @dataclass
 class _Group:
     name: str
+    port: int
     members: tuple[str, ...]
-    process_group: object | None = None
-    """Created by the first transfer (gloo connects on creation, so it must run while the
-    receivers are joining)."""
+    world_size: int
+    joined: WeightGroup | None = None
+    """Set by the first transfer: joining blocks until the replicas join too."""
 
 
 class CollectiveWeightBroadcaster:
@@ -85,26 +125,23 @@ class CollectiveWeightBroadcaster:
         client: ClientOptions,
         host: str,
         backend: str = "nccl",
+        ranks_per_replica: int = 1,
+        device: str | torch.device = "cuda",
     ):
         self.config = config
         self.host = host
         self.backend = backend
+        self.ranks_per_replica = ranks_per_replica
+        self.device = torch.device(device)
         self.timeout = timedelta(seconds=config.timeout_s)
         options = replica_client_options(client, config)
         self.channels = {address: open_channel(address, options) for address in addresses}
-        self.store = dist.TCPStore(
-            host, config.nccl_port, is_master=True, wait_for_workers=False, timeout=self.timeout
-        )
         self.generation = 0
         self.group: _Group | None = None
 
     @property
     def tensors_on_cpu(self) -> bool:
         return self.backend == "gloo"
-
-    @property
-    def port(self) -> int:
-        return self.store.port
 
     async def _probe(self, address: str) -> str:
         """ "" when the replica answers, else the error."""
@@ -120,19 +157,23 @@ class CollectiveWeightBroadcaster:
     def _group_for(self, live: tuple[str, ...]) -> _Group:
         if self.group is None or self.group.members != live:
             self.generation += 1
-            self.group = _Group(name=f"rlrun-weights-{self.generation}", members=live)
+            self.group = _Group(
+                name=f"rlrun-weights-{self.generation}",
+                port=self.config.nccl_port or free_port(self.host),
+                members=live,
+                world_size=1 + len(live) * self.ranks_per_replica,
+            )
         return self.group
 
     def _transfer(self, group: _Group, tensors: dict[str, torch.Tensor]) -> None:
-        if group.process_group is None:
-            store = dist.PrefixStore(group.name, self.store)
-            group.process_group = new_process_group(
-                self.backend, store, 0, len(group.members) + 1, self.timeout
+        if group.joined is None:
+            group.joined = join_weight_group(
+                self.backend, self.host, group.port, 0, group.world_size, self.device, self.timeout
             )
         for tensor in tensors.values():
-            group.process_group.broadcast([tensor.contiguous()], dist.BroadcastOptions()).wait()
+            group.joined.broadcast(tensor.contiguous())
         if self.backend == "nccl":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
 
     async def _handshake(self, address: str, header: weights_pb2.WeightUpdateHeader) -> tuple[str, float]:
         stub = inference_pb2_grpc.InferenceServiceStub(self.channels[address])
@@ -159,15 +200,15 @@ class CollectiveWeightBroadcaster:
             group = self._group_for(live)
             base = header_for(tensors, version)
             handshakes = []
-            for rank, address in enumerate(live, start=1):
+            for index, address in enumerate(live):
                 header = weights_pb2.WeightUpdateHeader()
                 header.CopyFrom(base)
                 header.nccl.CopyFrom(
                     weights_pb2.NcclRendezvous(
                         host=self.host,
-                        port=self.port,
-                        world_size=len(live) + 1,
-                        rank=rank,
+                        port=group.port,
+                        world_size=group.world_size,
+                        rank=1 + index * self.ranks_per_replica,
                         group_name=group.name,
                     )
                 )
@@ -178,11 +219,8 @@ class CollectiveWeightBroadcaster:
             except Exception as error:  # the group is unusable now; the next update makes a new one
                 transfer_error = f"collective transfer failed: {type(error).__name__}: {error}"
                 log.error("%s", transfer_error)
-                self.group = None
             for address, (error, seconds) in zip(live, await asyncio.gather(*handshakes), strict=True):
                 error = transfer_error or error
-                if error:
-                    self.group = None
                 results[address] = ReplicaResult(
                     address=address,
                     ok=not error,
@@ -190,6 +228,8 @@ class CollectiveWeightBroadcaster:
                     seconds=seconds,
                     bytes=0 if error else base.total_bytes,
                 )
+            if any(not results[a].ok for a in live):
+                self.group = None
         return [results[a] for a in self.channels]
 
     async def close(self) -> None:

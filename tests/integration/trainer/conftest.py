@@ -10,21 +10,22 @@ import os
 import re
 import signal
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
 from rlrun.common.model.weights import PB_TO_TORCH, WeightAssembler, broadcast_tensors
 from rlrun.trainer.app import add_trainer_service, create_runtime
-from rlrun.trainer.collective_broadcast import new_process_group
+from rlrun.trainer.collective_broadcast import join_weight_group
 from rlrun.trainer.coordinator import Coordinator
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
@@ -45,34 +46,55 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
 
     __test__ = False
 
-    def __init__(self, expected: dict[str, torch.Tensor], backend: str = "gloo", device: str = "cpu"):
+    def __init__(
+        self, expected: dict[str, torch.Tensor], backend: str = "gloo", device: str = "cpu", ranks: int = 1
+    ):
         self.expected = expected
         self.backend = backend
         self.device = torch.device(device)
+        self.ranks = ranks
+        """Workers joining the collective (tensor parallelism), from the header's rank on."""
         self.version = 0
         self.weights: dict[str, torch.Tensor] = {}
         self.updates = 0
-        self.groups: dict[str, object] = {}
+        self.groups: dict[tuple, object] = {}
+        """Joined groups by (host, port, world_size, rank, group_name)."""
 
-    def _receive_collective(self, header: weights_pb2.WeightUpdateHeader) -> dict[str, torch.Tensor]:
+    def _receive_on_rank(
+        self, header: weights_pb2.WeightUpdateHeader, worker: int
+    ) -> dict[str, torch.Tensor]:
         rendezvous = header.nccl
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        group = self.groups.get(rendezvous.group_name)
-        if group is None:
-            timeout = timedelta(seconds=30)
-            store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=timeout)
-            prefixed = dist.PrefixStore(rendezvous.group_name, store)
-            group = new_process_group(self.backend, prefixed, rendezvous.rank, rendezvous.world_size, timeout)
-            self.groups[rendezvous.group_name] = group
+        rank = rendezvous.rank + worker
+        key = (rendezvous.host, rendezvous.port, rendezvous.world_size, rank, rendezvous.group_name)
+        if key not in self.groups:
+            self.groups[key] = join_weight_group(
+                self.backend,
+                rendezvous.host,
+                rendezvous.port,
+                rank,
+                rendezvous.world_size,
+                self.device,
+                timedelta(seconds=30),
+            )
         tensors = {}
         for spec in header.tensors:
             tensor = torch.empty(tuple(spec.shape), dtype=PB_TO_TORCH[spec.dtype], device=self.device)
-            group.broadcast([tensor], dist.BroadcastOptions()).wait()
+            self.groups[key].broadcast(tensor)
             tensors[spec.name] = tensor
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return {name: tensor.cpu() for name, tensor in tensors.items()}
+
+    def _receive_collective(self, header: weights_pb2.WeightUpdateHeader) -> dict[str, torch.Tensor]:
+        with ThreadPoolExecutor(self.ranks) as workers:
+            received = list(
+                workers.map(lambda worker: self._receive_on_rank(header, worker), range(self.ranks))
+            )
+        for other in received[1:]:
+            assert all(torch.equal(other[name], received[0][name]) for name in received[0])
+        return received[0]
 
     async def UpdateWeights(self, request_iterator, context):
         header, assembler, tensors = None, None, None
@@ -111,14 +133,16 @@ class Replica:
 
 @pytest.fixture
 async def start_replica(tmp_path):
-    """start_replica(model="tiny-d64", backend="gloo", device="cpu") -> a running
+    """start_replica(model="tiny-d64", backend="gloo", device="cpu", ranks=1) -> a running
     RecordingInference on 127.0.0.1."""
     replicas: list[Replica] = []
 
-    async def start(model: str = "tiny-d64", backend: str = "gloo", device: str = "cpu") -> Replica:
+    async def start(
+        model: str = "tiny-d64", backend: str = "gloo", device: str = "cpu", ranks: int = 1
+    ) -> Replica:
         server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
         expected = broadcast_tensors(build_model(synthetic_config(tmp_path, model=model).model))
-        servicer = RecordingInference(expected, backend, device)
+        servicer = RecordingInference(expected, backend, device, ranks)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, server.server)
         port = await server.start()
         server.set_serving(True)
@@ -188,18 +212,15 @@ def _write_run_file(path: Path, output_dir: Path, addresses: list[str], trainer:
     return path
 
 
-READY = re.compile(r"^rlrun trainer listening on (\S+)$")
+READY = re.compile(r"^rlrun (\S+) listening on (\S+)$")
 
 
 @dataclass
-class TrainerProcess:
+class ServiceProcess:
     process: asyncio.subprocess.Process
     address: str
     channel: grpc.aio.Channel
-
-    @property
-    def stub(self) -> trainer_pb2_grpc.TrainerServiceStub:
-        return trainer_pb2_grpc.TrainerServiceStub(self.channel)
+    stderr: BinaryIO
 
     async def stop(self) -> int:
         """SIGTERM, then SIGKILL if it has not exited within 30 s; returns the exit code."""
@@ -212,17 +233,19 @@ class TrainerProcess:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+        self.stderr.close()
         return self.process.returncode
 
 
 @pytest.fixture
-async def spawn_trainer(tmp_path):
-    """spawn_trainer(argv) -> a trainer subprocess (`rlrun serve trainer ...` or torchrun) that
-    has printed its ready line; stopped with SIGTERM at the end of the test."""
-    spawned: list[TrainerProcess] = []
+async def spawn_service(tmp_path):
+    """spawn_service(argv) -> a service subprocess (`rlrun serve ...`, or torchrun running it)
+    that has printed its ready line; stopped with SIGTERM at the end of the test. Its stderr
+    goes to tmp_path/service-<n>.stderr."""
+    spawned: list[ServiceProcess] = []
 
-    async def spawn(argv: list[str]) -> TrainerProcess:
-        stderr = open(tmp_path / f"trainer-{len(spawned)}.stderr", "wb")  # noqa: SIM115 - closed with the process
+    async def spawn(argv: list[str]) -> ServiceProcess:
+        stderr = open(tmp_path / f"service-{len(spawned)}.stderr", "wb")  # noqa: SIM115 - closed by stop()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         process = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env
@@ -233,17 +256,20 @@ async def spawn_trainer(tmp_path):
                 while address is None:
                     line = await process.stdout.readline()
                     if not line:
-                        raise RuntimeError(f"trainer exited before its ready line: {argv}")
+                        raise RuntimeError(f"exited before its ready line: {argv}")
                     match = READY.match(line.decode().strip())
-                    address = match.group(1) if match else None
+                    address = match.group(2) if match else None
         except BaseException:
             process.kill()
             await process.wait()
+            stderr.close()
             raise
-        trainer = TrainerProcess(process, address, open_channel(address, ClientOptions(deadline_s=120)))
-        spawned.append(trainer)
-        return trainer
+        service = ServiceProcess(
+            process, address, open_channel(address, ClientOptions(deadline_s=120)), stderr
+        )
+        spawned.append(service)
+        return service
 
     yield spawn
-    for trainer in spawned:
-        await trainer.stop()
+    for service in spawned:
+        await service.stop()

@@ -39,7 +39,9 @@ async def test_collective_broadcast_reaches_live_replicas_and_reports_the_dead_o
                 assert replica.servicer.version == version
                 assert all(torch.equal(replica.servicer.weights[k], weights[k]) for k in weights)
         # The set of live replicas did not change, so both updates used one group.
-        assert broadcaster.generation == 1 and set(first.servicer.groups) == {"rlrun-weights-1"}
+        assert broadcaster.generation == 1
+        assert [key[-1] for key in first.servicer.groups] == ["rlrun-weights-1"]
+        assert {key[3] for key in (*first.servicer.groups, *second.servicer.groups)} == {1, 2}
 
         await second.server.stop(0)
         results = await broadcaster.broadcast(perturbed(base, 3), 3)
@@ -47,3 +49,26 @@ async def test_collective_broadcast_reaches_live_replicas_and_reports_the_dead_o
         assert first.servicer.version == 3 and broadcaster.generation == 2
     finally:
         await broadcaster.close()
+
+
+async def test_each_replica_gets_as_many_ranks_as_its_tensor_parallel_workers(start_replica, tmp_path):
+    first, second = await start_replica(ranks=2), await start_replica(ranks=2)
+    broadcaster = CollectiveWeightBroadcaster(
+        [first.address, second.address],
+        BroadcastConfig(retries=1, timeout_s=30),
+        ClientOptions(),
+        host="127.0.0.1",
+        backend="gloo",
+        ranks_per_replica=2,
+        device="cpu",
+    )
+    weights = perturbed(broadcast_tensors(build_model(synthetic_config(tmp_path).model)), 7)
+    try:
+        results = await broadcaster.broadcast(weights, 1)
+    finally:
+        await broadcaster.close()
+    assert [r.ok for r in results] == [True, True]
+    assert sorted(key[3] for key in first.servicer.groups) == [1, 2]
+    assert sorted(key[3] for key in second.servicer.groups) == [3, 4]
+    assert {key[2] for key in first.servicer.groups} == {5}
+    assert all(torch.equal(second.servicer.weights[k], weights[k]) for k in weights)

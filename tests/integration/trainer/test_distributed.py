@@ -15,15 +15,27 @@ from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 from rlrun.trainer.packing import pack_first_fit_decreasing
 from rlrun.trainer.synthetic import synthetic_batch, synthetic_config
-from rlrun.v1 import trainer_pb2
+from rlrun.v1 import trainer_pb2, trainer_pb2_grpc
 
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+SERVE = ["-m", "rlrun.cli", "serve", "trainer"]
 TRAINER = {"micro_batch_tokens": 64, "grad_steps_per_batch": 2, "weight_decay": 0.1}
 
 
-@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def submit(stub, batch):
+    return stub.SubmitBatch(trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch)))
+
+
+def assert_weights_match(received: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    assert received.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(received[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# FSDP2 is what `parallel = "auto"` runs; DDP, the alternative, is in the slow suite.
+@pytest.mark.parametrize("parallel", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
 async def test_two_cpu_ranks_make_the_same_update_as_one_process(
-    parallel, tmp_path, start_replica, spawn_trainer, write_run_file
+    parallel, tmp_path, start_replica, spawn_service, write_run_file
 ):
     batches = [synthetic_batch(step, num_samples=17) for step in range(2)]
     lengths = [len(s.token_ids) for s in batches[0].samples]
@@ -31,41 +43,26 @@ async def test_two_cpu_ranks_make_the_same_update_as_one_process(
     replica = await start_replica()
     trainer_settings = {**TRAINER, "parallel": parallel}
     run_file = write_run_file(tmp_path / "run.toml", tmp_path / "out", [replica.address], trainer_settings)
-    trainer = await spawn_trainer(
-        [
-            TORCHRUN,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "rlrun.cli",
-            "serve",
-            "trainer",
-            "--config",
-            str(run_file),
-        ]
-    )
+    trainer = await spawn_service([*TORCHRUN, *SERVE, "--config", str(run_file)])
+    stub = trainer_pb2_grpc.TrainerServiceStub(trainer.channel)
 
     single = build_learner(synthetic_config(tmp_path, trainer=TRAINER), Parallelism.single())
     for batch in batches:
-        reply = await trainer.stub.SubmitBatch(trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch)))
+        reply = await submit(stub, batch)
         expected = single.train(batch)
         assert not reply.skipped and [b.ok for b in reply.broadcasts] == [True]
         assert reply.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-5, abs=1e-7)
         assert reply.metrics["grad_norm"] == pytest.approx(expected.metrics["grad_norm"], rel=1e-4)
-    status = await trainer.stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
+    status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
     assert (status.world_size, status.step, replica.servicer.version) == (2, 2, 2)
-    reference = single.full_weights()
-    assert replica.servicer.weights.keys() == reference.keys()
-    for name, tensor in reference.items():
-        torch.testing.assert_close(replica.servicer.weights[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    assert_weights_match(replica.servicer.weights, single.full_weights())
 
-    saved = await trainer.stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(extra_state=b"x"))
+    saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(extra_state=b"x"))
     assert Path(saved.path, "meta.json").exists() and saved.step == 2
 
 
 async def test_two_fsdp_ranks_resume_a_single_process_checkpoint_exactly(
-    tmp_path, start_replica, spawn_trainer, write_run_file
+    tmp_path, start_replica, spawn_service, write_run_file
 ):
     single = build_learner(synthetic_config(tmp_path, trainer=TRAINER), Parallelism.single())
     for step in range(2):
@@ -73,30 +70,15 @@ async def test_two_fsdp_ranks_resume_a_single_process_checkpoint_exactly(
     root = checkpoint_root(tmp_path / "out")
     save_checkpoint(root, single.capture_state(), b"state", {"model_type": "llama"}, world_size=1, keep=1)
     replica = await start_replica()
-    run_file = write_run_file(
-        tmp_path / "run.toml", tmp_path / "out", [replica.address], {**TRAINER, "parallel": "fsdp"}
-    )
-    trainer = await spawn_trainer(
-        [
-            TORCHRUN,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "rlrun.cli",
-            "serve",
-            "trainer",
-            "--config",
-            str(run_file),
-            "--resume",
-            "latest",
-        ]
-    )
-    status = await trainer.stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
+    trainer_settings = {**TRAINER, "parallel": "fsdp"}
+    run_file = write_run_file(tmp_path / "run.toml", tmp_path / "out", [replica.address], trainer_settings)
+    trainer = await spawn_service([*TORCHRUN, *SERVE, "--config", str(run_file), "--resume", "latest"])
+    stub = trainer_pb2_grpc.TrainerServiceStub(trainer.channel)
+
+    status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
     assert (status.step, status.world_size, status.resume_state) == (2, 2, b"state")
     batch = synthetic_batch(2, num_samples=17)
-    reply = await trainer.stub.SubmitBatch(trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch)))
+    reply = await submit(stub, batch)
     expected = single.train(batch)
     assert reply.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-5, abs=1e-7)
-    for name, tensor in single.full_weights().items():
-        torch.testing.assert_close(replica.servicer.weights[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    assert_weights_match(replica.servicer.weights, single.full_weights())

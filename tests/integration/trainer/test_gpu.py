@@ -3,6 +3,7 @@ cleanly without the GPUs they need (two ranks of one NCCL group cannot share a G
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -18,14 +19,17 @@ from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 from rlrun.trainer.synthetic import synthetic_batch, synthetic_config
-from rlrun.v1 import trainer_pb2
+from rlrun.v1 import trainer_pb2, trainer_pb2_grpc
 
 pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs (NCCL ranks cannot share a GPU)")
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="the NCCL weight group uses vLLM's PyNcclCommunicator"
+)
+TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 
 
 @needs_gpu
@@ -42,11 +46,17 @@ def test_the_learner_on_cuda_makes_the_cpu_update(tmp_path):
 
 
 @needs_two_gpus
+@needs_vllm
 async def test_nccl_broadcast_reaches_a_replica_on_another_gpu(start_replica, dead_address, tmp_path):
     replica = await start_replica(backend="nccl", device="cuda:1")
     settings = BroadcastConfig(retries=1, timeout_s=60)
     broadcaster = CollectiveWeightBroadcaster(
-        [replica.address, dead_address], settings, ClientOptions(), host="127.0.0.1", backend="nccl"
+        [replica.address, dead_address],
+        settings,
+        ClientOptions(),
+        host="127.0.0.1",
+        backend="nccl",
+        device="cuda:0",
     )
     weights = {
         k: v.to("cuda:0") + 1
@@ -65,34 +75,23 @@ async def test_nccl_broadcast_reaches_a_replica_on_another_gpu(start_replica, de
 
 @needs_two_gpus
 async def test_fsdp2_over_nccl_makes_the_single_process_update(
-    tmp_path, start_replica, spawn_trainer, write_run_file
+    tmp_path, start_replica, spawn_service, write_run_file
 ):
     replica = await start_replica()
     trainer_settings = {"device": "cuda", "micro_batch_tokens": 64, "parallel": "fsdp"}
     run_file = write_run_file(tmp_path / "run.toml", tmp_path / "out", [replica.address], trainer_settings)
-    trainer = await spawn_trainer(
-        [
-            TORCHRUN,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "rlrun.cli",
-            "serve",
-            "trainer",
-            "--config",
-            str(run_file),
-        ]
+    trainer = await spawn_service(
+        [*TORCHRUN, "-m", "rlrun.cli", "serve", "trainer", "--config", str(run_file)]
     )
+    stub = trainer_pb2_grpc.TrainerServiceStub(trainer.channel)
     single = build_learner(
         synthetic_config(tmp_path, trainer={"micro_batch_tokens": 64}), Parallelism.single("cpu")
     )
     for step in range(2):
         batch = synthetic_batch(step, num_samples=17)
-        reply = await trainer.stub.SubmitBatch(trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch)))
+        reply = await stub.SubmitBatch(trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch)))
         expected = single.train(batch)
         assert not reply.skipped
         assert reply.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-3, abs=1e-5)
-    reference = single.full_weights()
-    for name, tensor in reference.items():
+    for name, tensor in single.full_weights().items():
         torch.testing.assert_close(replica.servicer.weights[name], tensor, rtol=1e-3, atol=1e-4, msg=name)
