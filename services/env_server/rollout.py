@@ -179,7 +179,7 @@ async def run_rollouts(
         if episode.done:
             continue
         if outcome == "cancelled":
-            episode.stop = "cancelled"
+            episode.finish("cancelled")
         elif outcome == "timeout":
             episode.fail(TimeoutError(f"the rollout did not finish within {timeout_s:.3g} s"))
         else:

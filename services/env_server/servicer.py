@@ -21,8 +21,8 @@ SERVICE_NAME = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name
 
 DEADLINE_MARGIN = 0.05
 """Share of the caller's remaining deadline kept back, so a timed-out rollout's trace still
-reaches the caller before its deadline does."""
-MIN_MARGIN_S = 0.05
+reaches the caller before its deadline does; at least MIN_MARGIN_S, at most MAX_MARGIN_S."""
+MIN_MARGIN_S, MAX_MARGIN_S = 0.25, 5.0
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
@@ -40,9 +40,8 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         remaining = context.time_remaining()
         if remaining is None:
             return self.default_timeout_s
-        return min(
-            self.default_timeout_s, max(0.001, remaining - max(MIN_MARGIN_S, DEADLINE_MARGIN * remaining))
-        )
+        margin = min(MAX_MARGIN_S, max(MIN_MARGIN_S, DEADLINE_MARGIN * remaining))
+        return min(self.default_timeout_s, max(0.001, remaining - margin))
 
     def _job(self, request, rollout_ids: list[str], group_id: str) -> tuple[EnvHost, RolloutJob]:
         host = self._host(request.task.env, "task.env")
