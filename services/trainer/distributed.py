@@ -115,11 +115,6 @@ def wrap_model(model: nn.Module, parallel: Parallelism) -> nn.Module:
     return model
 
 
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The CausalLM inside a DDP wrapper (FSDP2 wraps in place)."""
-    return model.module if hasattr(model, "module") else model
-
-
 class CommandChannel:
     """Rank 0 broadcasts each command object; the other ranks block receiving it."""
 

@@ -11,20 +11,27 @@ import grpc
 from rlrun.common.errors import RequestError, grpc_errors
 from rlrun.common.types import TrainingBatch
 from rlrun.common.wire import batch_from_proto
+from rlrun.trainer.packing import count_channel_tokens
 from rlrun.trainer.runtime import StepMismatch, TrainerRuntime
 from rlrun.v1 import trainer_pb2, trainer_pb2_grpc
 
 SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
 
 
-def check_fits(batch: TrainingBatch, micro_batch_tokens: int, where: str = "batch") -> None:
-    """Every sample must fit one micro-batch (samples are never split)."""
+def check_trainable(batch: TrainingBatch, micro_batch_tokens: int, where: str = "batch") -> None:
+    """Every sample must fit one micro-batch (samples are never split), and some token must
+    train: a batch with nothing to learn would still move the weights (AdamW momentum, decay)."""
     for i, sample in enumerate(batch.samples):
         if len(sample.token_ids) > micro_batch_tokens:
             raise RequestError(
                 f"{where}.samples[{i}].token_ids",
                 f"has {len(sample.token_ids)} tokens, more than trainer.micro_batch_tokens ({micro_batch_tokens})",
             )
+    if count_channel_tokens(batch.samples).trained == 0:
+        raise RequestError(
+            f"{where}.samples",
+            "no token trains: every sample needs a masked-in token after its first under an rl or ce channel",
+        )
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -38,7 +45,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request: trainer_pb2.SubmitBatchRequest, context
     ) -> trainer_pb2.SubmitBatchResponse:
         batch = batch_from_proto(request.batch, "batch", vocab_size=self.vocab_size)
-        check_fits(batch, self.micro_batch_tokens)
+        check_trainable(batch, self.micro_batch_tokens)
         try:
             outcome = await self.runtime.submit(batch)
         except StepMismatch as error:

@@ -75,6 +75,27 @@ async def test_a_batch_for_the_wrong_step_is_refused_and_trains_nothing(start_tr
     assert live.servicer.updates == 0
 
 
+def too_long(batch) -> None:
+    sample = batch.samples[0]
+    for values, pad in (
+        (sample.token_ids, 5),
+        (sample.mask, True),
+        (sample.logprobs, 0.0),
+        (sample.temperatures, 1.0),
+    ):
+        values.extend([pad] * 100)
+    sample.channels.clear()
+
+
+def nothing_trains(batch) -> None:
+    for sample in batch.samples:
+        sample.channels.clear()
+
+
+def nan_advantage(batch) -> None:
+    batch.samples[3].channels[0].values[5] = float("nan")
+
+
 @pytest.mark.parametrize(
     ("corrupt", "field"),
     [
@@ -82,16 +103,10 @@ async def test_a_batch_for_the_wrong_step_is_refused_and_trains_nothing(start_tr
         (lambda b: b.samples[1].token_ids.__setitem__(3, 1000), "batch.samples[1].token_ids[3]"),
         (lambda b: b.samples[0].temperatures.__setitem__(4, 0.0), "batch.samples[0].temperatures[4]"),
         (lambda b: b.samples[3].channels[0].values.pop(), "batch.samples[3].channels[0].values"),
-        (
-            lambda b: (
-                b.samples[0].token_ids.extend([5] * 100)
-                or b.samples[0].mask.extend([True] * 100)
-                or b.samples[0].logprobs.extend([0.0] * 100)
-                or b.samples[0].temperatures.extend([1.0] * 100)
-                or b.samples[0].channels.clear()
-            ),
-            "batch.samples[0].token_ids",
-        ),
+        (nan_advantage, "batch.samples[3].channels[0].values[5]"),
+        (too_long, "batch.samples[0].token_ids"),
+        (nothing_trains, "batch.samples"),
+        (lambda b: b.samples.clear(), "batch.samples"),
     ],
 )
 async def test_a_malformed_batch_is_invalid_argument_naming_the_field_and_trains_nothing(
