@@ -6,7 +6,9 @@
     meta.json              step, policy version, world size
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash never
-leaves a half-written `step_<N>`; only the newest `keep` are kept.
+leaves a half-written `step_<N>`; only the newest `keep` are kept. Tensors are full (unsharded)
+and keyed by Hugging Face names, so any world size can resume any checkpoint. The LR schedule
+resumes as saved (LambdaLR keeps its LRFactor's fields), whatever the config says now.
 """
 
 from __future__ import annotations
