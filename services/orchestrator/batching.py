@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import compress
 
 import numpy as np
 
@@ -104,8 +105,7 @@ def _metrics(
         for sample in batch.samples
         for channel in sample.channels
         if channel.loss == "rl"
-        for value, trains in zip(channel.values, sample.mask, strict=True)
-        if trains
+        for value in compress(channel.values, sample.mask)
     ]
     metrics: dict[str, float] = {
         "rollouts": float(batch.rollouts),

@@ -10,6 +10,8 @@ the same loss are summed into one.
 
 from __future__ import annotations
 
+import operator
+
 from rlrun.common.types import Branch, Channel, MessageNode, Trace, TrainingSample
 
 
@@ -54,7 +56,11 @@ def flatten_trace(trace: Trace, temperature: float) -> list[TrainingSample]:
         channels = merge_channels(branch.channels)
         ce = next((c.values for c in channels if c.loss == "ce"), None)
         eligible = trainable_tokens(branch, nodes, ce, done)
-        mask = [m and e for m, e in zip(branch.mask, eligible, strict=True)]
+        if len(branch.mask) != len(eligible):
+            raise ValueError(
+                f"trace {trace.id!r} branch {index}: mask has {len(branch.mask)} entries for {len(eligible)} tokens"
+            )
+        mask = list(map(operator.and_, branch.mask, eligible))
         if not any(mask):
             continue
         done.update(branch.node_ids)

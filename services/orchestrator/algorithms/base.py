@@ -9,6 +9,7 @@ when any algorithm trains it.
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -109,7 +110,9 @@ def sampled_tokens(nodes: Sequence[MessageNode]) -> list[bool]:
 def add_credit(branch: Branch, loss: LossKind, values: list[float], mask: list[bool]) -> None:
     """Appends one channel and merges its mask into the branch's by union."""
     branch.channels.append(Channel(loss, values))
-    branch.mask = list(mask) if not branch.mask else [a or b for a, b in zip(branch.mask, mask, strict=True)]
+    if branch.mask and len(branch.mask) != len(mask):
+        raise ValueError(f"a mask of {len(mask)} entries cannot merge into one of {len(branch.mask)}")
+    branch.mask = list(map(operator.or_, branch.mask, mask)) if branch.mask else list(mask)
 
 
 def credit_sampled(trace: Trace, loss: LossKind, weight: float) -> None:
