@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NS",
-        help="watch RLRuns in this namespace (repeatable; globs like 'team-*' work)",
+        help="watch RLRuns in this namespace (repeatable)",
     )
     scope.add_argument(
         "--all-namespaces",
