@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +36,15 @@ class ServiceContext:
 
 
 def limit_threads(num_threads: int) -> None:
-    """One thread per service on small machines: oversubscription costs 10-50x."""
+    """One thread per service on small machines: oversubscription costs 10-50x.
+
+    The environment variables cover every library that reads them at import (torch among
+    them); a torch that is already imported is set directly. Torch is never imported here,
+    so the orchestrator and env-server processes stay torch-free."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(num_threads)
-    try:
-        import torch
-    except ImportError:
+    torch = sys.modules.get("torch")
+    if torch is None:
         return
     torch.set_num_threads(num_threads)
     if torch.get_num_interop_threads() != 1:
