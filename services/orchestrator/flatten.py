@@ -1,7 +1,8 @@
 """Traces to training samples: one TrainingSample per credited branch.
 
-Per token, a sample trains (mask) where the algorithms' mask says so and the token is
-trainable: sampled by the model, or an observation token that carries a CE weight (echo).
+Per token, a sample's `mask` marks the model-sampled tokens the algorithms let train; the rl
+channel applies there. The ce channel is a per-token weight and trains wherever it is
+nonzero, so observation tokens (echo) train under CE without ever entering the rl channel.
 Tokens of a node that failed to parse never train, and a node shared by several branches
 trains only in the first branch that emits a sample. Logprobs are the sampling-time ones (0
 where not sampled); the member's temperature is fanned out over every token; channels with
@@ -27,21 +28,23 @@ def merge_channels(channels: list[Channel]) -> list[Channel]:
     return [Channel(loss, values) for loss, values in by_loss.items()]  # type: ignore[arg-type]
 
 
-def trainable_tokens(
-    branch: Branch, nodes: dict[str, MessageNode], ce: list[float] | None, done: set[str]
-) -> list[bool]:
-    out: list[bool] = []
+def eligible_tokens(
+    branch: Branch, nodes: dict[str, MessageNode], done: set[str]
+) -> tuple[list[bool], list[bool]]:
+    """(sampled and trainable, trainable) per token: a token is trainable unless its node failed
+    to parse or already trained in an earlier branch."""
+    sampled: list[bool] = []
+    trainable: list[bool] = []
     for nid in branch.node_ids:
         node = nodes[nid]
         n = len(node.token_ids)
         if nid in done or node.parse_error:
-            out += [False] * n
-        elif node.is_observation and ce is not None:
-            start = len(out)
-            out += [s or ce[start + i] != 0.0 for i, s in enumerate(node.sampled_mask)]
+            sampled += [False] * n
+            trainable += [False] * n
         else:
-            out += node.sampled_mask
-    return out
+            sampled += node.sampled_mask
+            trainable += [True] * n
+    return sampled, trainable
 
 
 def flatten_trace(trace: Trace, temperature: float) -> list[TrainingSample]:
@@ -53,15 +56,24 @@ def flatten_trace(trace: Trace, temperature: float) -> list[TrainingSample]:
     for index, branch in enumerate(trace.branches):
         if not branch.mask:
             continue
-        channels = merge_channels(branch.channels)
-        ce = next((c.values for c in channels if c.loss == "ce"), None)
-        eligible = trainable_tokens(branch, nodes, ce, done)
-        if len(branch.mask) != len(eligible):
+        sampled, trainable = eligible_tokens(branch, nodes, done)
+        if len(branch.mask) != len(sampled):
             raise ValueError(
-                f"trace {trace.id!r} branch {index}: mask has {len(branch.mask)} entries for {len(eligible)} tokens"
+                f"trace {trace.id!r} branch {index}: mask has {len(branch.mask)} entries for {len(sampled)} tokens"
             )
-        mask = list(map(operator.and_, branch.mask, eligible))
-        if not any(mask):
+        mask = list(map(operator.and_, branch.mask, sampled))
+        allowed = list(map(operator.and_, branch.mask, trainable))
+        channels = [
+            Channel(
+                c.loss,
+                [
+                    v if ok else 0.0
+                    for v, ok in zip(c.values, mask if c.loss == "rl" else allowed, strict=True)
+                ],
+            )
+            for c in merge_channels(branch.channels)
+        ]
+        if not any(mask) and not any(v for c in channels if c.loss == "ce" for v in c.values):
             continue
         done.update(branch.node_ids)
         tokens = trace.branch_tokens(index, nodes)

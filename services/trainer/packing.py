@@ -72,23 +72,30 @@ class ChannelCounts:
     """Token counts over the whole batch (all ranks): the loss normalizers."""
 
     rl: int
-    """Masked-in tokens (position >= 1) of samples that carry an rl channel."""
+    """Masked-in (model-sampled) tokens (position >= 1) of samples that carry an rl channel."""
     ce: int
-    """Masked-in tokens (position >= 1) of samples that carry a ce channel."""
+    """Tokens (position >= 1) with a nonzero ce weight, sampled or not (echo trains observations)."""
     trained: int
-    """Masked-in tokens (position >= 1) that train under at least one channel."""
+    """Tokens (position >= 1) that train under at least one channel."""
     total: int
     """All tokens of the batch."""
+
+
+def channel_masks(sample: TrainingSample) -> tuple[list[bool], list[bool]]:
+    """Per token: trains under rl (the sample's mask, when it has an rl channel), and trains
+    under ce (a nonzero ce weight)."""
+    n = len(sample.token_ids)
+    has_rl = any(channel.loss == "rl" for channel in sample.channels)
+    return (list(sample.mask) if has_rl else [False] * n), [w != 0.0 for w in _channel_sum(sample, "ce")]
 
 
 def count_channel_tokens(samples: Sequence[TrainingSample]) -> ChannelCounts:
     rl = ce = trained = total = 0
     for sample in samples:
-        masked_in = sum(sample.mask[1:])
-        kinds = {channel.loss for channel in sample.channels}
-        rl += masked_in if "rl" in kinds else 0
-        ce += masked_in if "ce" in kinds else 0
-        trained += masked_in if kinds else 0
+        rl_mask, ce_mask = channel_masks(sample)
+        rl += sum(rl_mask[1:])
+        ce += sum(ce_mask[1:])
+        trained += sum(r or c for r, c in zip(rl_mask[1:], ce_mask[1:], strict=True))
         total += len(sample.token_ids)
     return ChannelCounts(rl=rl, ce=ce, trained=trained, total=total)
 
@@ -158,7 +165,7 @@ def pack_micro_batch(samples: Sequence[TrainingSample]) -> PackedMicroBatch:
     for sample in samples:
         start = cu_seqlens[-1]
         n = len(sample.token_ids)
-        kinds = {channel.loss for channel in sample.channels}
+        sample_rl_mask, sample_ce_mask = channel_masks(sample)
         input_ids += sample.token_ids
         positions += range(n)
         cu_seqlens.append(start + n)
@@ -168,8 +175,8 @@ def pack_micro_batch(samples: Sequence[TrainingSample]) -> PackedMicroBatch:
         logprobs += sample.logprobs[1:]
         advantages += _channel_sum(sample, "rl")[1:]
         ce_weights += _channel_sum(sample, "ce")[1:]
-        rl_mask += sample.mask[1:] if "rl" in kinds else [False] * (n - 1)
-        ce_mask += sample.mask[1:] if "ce" in kinds else [False] * (n - 1)
+        rl_mask += sample_rl_mask[1:]
+        ce_mask += sample_ce_mask[1:]
     return PackedMicroBatch(
         input_ids=_tensor(input_ids, np.int64),
         positions=_tensor(positions, np.int64),

@@ -68,7 +68,16 @@ def test_unsampled_tokens_train_only_as_ce_weighted_observations(build):
     t = build.multi_turn("m")
     credit(t, 0, "ce", [0, 0, 0, 0, 1.0, 0.0, 1.0, 0, 0], [True] * 9)
     [sample] = flatten_trace(t, 1.0)
-    assert sample.mask == [False, False, True, True, True, False, True, True, True]
+    # The rl mask stays on model-sampled tokens; observation tokens train through their CE weight.
+    assert sample.mask == [False, False, True, True, False, False, False, True, True]
+    assert sample.channels == [Channel("ce", [0, 0, 0, 0, 1.0, 0.0, 1.0, 0, 0])]
+
+
+def test_ce_weights_are_cleared_where_the_algorithm_mask_is_off(build):
+    t = build.multi_turn("m")
+    credit(t, 0, "ce", [1.0] * 9, [False] * 4 + [True] * 5)
+    [sample] = flatten_trace(t, 1.0)
+    assert sample.channels == [Channel("ce", [0.0] * 4 + [1.0] * 5)]
 
 
 def test_temperature_must_be_positive(build):

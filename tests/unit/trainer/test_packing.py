@@ -120,3 +120,17 @@ def test_packed_forward_equals_each_sample_alone(tmp_path):
             own = model(alone.input_ids, alone.positions, PackedCausal(alone.cu_seqlens))
             start, end = packed.cu_seqlens[i].item(), packed.cu_seqlens[i + 1].item()
             torch.testing.assert_close(together[start:end], own, rtol=1e-5, atol=1e-5)
+
+
+def test_observation_tokens_train_under_ce_only():
+    """echo: unsampled observation tokens carry a ce weight and stay out of the rl channel."""
+    obs = sample(
+        [1, 2, 3, 4, 5],
+        [False, True, False, False, True],
+        [Channel("rl", [0.0, 0.5, 0.0, 0.0, 0.5]), Channel("ce", [0.0, 0.0, 1.0, 1.0, 0.0])],
+    )
+    counts = count_channel_tokens([obs])
+    assert (counts.rl, counts.ce, counts.trained) == (2, 2, 4)
+    packed = pack_micro_batch([obs])
+    assert packed.rl_mask.tolist() == [True, False, False, True]
+    assert packed.ce_mask.tolist() == [False, True, True, False]
