@@ -13,6 +13,10 @@ PROMPT_TOKENS = Counter(
     metric_name("inference", "prompt_tokens", "total"), "Prompt tokens prefilled (once per sample)."
 )
 GENERATED_TOKENS = Counter(metric_name("inference", "generated_tokens", "total"), "Tokens generated.")
+STEPS = Counter(
+    metric_name("inference", "steps", "total"),
+    "Batched forward steps; generated tokens / steps is the mean batch occupancy.",
+)
 COMPLETIONS = Counter(
     metric_name("inference", "completions", "total"), "Finished samples, by finish reason.", ["finish_reason"]
 )

@@ -30,15 +30,22 @@ class BatchSampler:
     """Sampling settings of the running batch as tensors, rebuilt only when the batch changes."""
 
     def __init__(self, rows: Sequence[RowSettings], device: torch.device | str = "cpu"):
-        temperature = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=device)
-        self.greedy = temperature == 0
-        self.all_greedy = bool(self.greedy.all())
-        self.any_greedy = bool(self.greedy.any())
-        self.temperature = torch.where(self.greedy, torch.ones_like(temperature), temperature)[:, None]
-        self.scaled = bool((self.temperature != 1).any())
-        self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
-        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
-        self.truncates = bool((self.top_k > 0).any() or (self.top_p < 1).any())
+        # Decided in Python, and tensors built only where rows differ: the batch changes
+        # whenever a sequence joins or leaves, so this runs on most steps.
+        temperatures = [r.temperature for r in rows]
+        self.all_greedy = all(t == 0 for t in temperatures)
+        self.any_greedy = any(t == 0 for t in temperatures)
+        effective = [t if t > 0 else 1.0 for t in temperatures]
+        self.scaled = any(t != 1.0 for t in effective)
+        self.temperature: float | torch.Tensor = effective[0]
+        if any(t != effective[0] for t in effective):
+            self.temperature = torch.tensor(effective, dtype=torch.float32, device=device)[:, None]
+        if self.any_greedy and not self.all_greedy:
+            self.greedy = torch.tensor([t == 0 for t in temperatures], device=device)
+        self.truncates = any(r.top_k > 0 or r.top_p < 1 for r in rows)
+        if self.truncates:
+            self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
+            self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
 
     def sample(

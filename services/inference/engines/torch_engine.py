@@ -3,10 +3,11 @@
 One engine thread owns the model. Each step is one forward over every running sequence's
 next token plus the prompts of newly admitted sequences (samples of one request share a
 single prefill, whose K/V is then copied into their sibling slots), followed by one
-batched sampling call. Between steps the thread runs what the asyncio side posted:
-cancellations, weight updates, score batches. So a weight update is atomic between decode
-steps, and a cancelled request gives its slots back before the next step. Results go back
-to the asyncio loop in one `call_soon_threadsafe` per step.
+batched sampling call. Between steps the thread runs what the asyncio side posted
+(cancellations, score batches), so a cancelled request gives its slots back before the next
+step. Each step holds the step lock; a weight update copies into the parameters under that
+lock, so it lands atomically between two decode steps. Results go back to the asyncio loop
+in one `call_soon_threadsafe` per step.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class TorchEngine(Engine):
         self._generator.manual_seed(seed if seed is not None else random.SystemRandom().getrandbits(63))
         self._scores: list[_ScoreJob] = []
         self._cond = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._update_pending = False
         self._inbox: list[Callable[[], None]] = []
         self._outbox: list[tuple[Callable, tuple]] = []
         self._paused = False
@@ -225,9 +228,38 @@ class TorchEngine(Engine):
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         if self.device.type != "cpu":
             tensors = await asyncio.to_thread(lambda: {n: t.to(self.device) for n, t in tensors.items()})
-        done = asyncio.get_running_loop().create_future()
-        self._post(partial(self._apply_weights, tensors, version, done))
-        return await done
+        self._check_update(tensors)
+        started = time.perf_counter()
+        # Applied right here, under the step lock: no thread hop, and this loop blocks for at
+        # most the step in progress. The pending flag keeps the engine thread from taking the
+        # lock again before this side gets it.
+        with self._cond:
+            self._update_pending = True
+        try:
+            with self._step_lock, torch.no_grad():
+                if version < self._version:
+                    raise RequestError(
+                        "header.version",
+                        f"header.version {version} is older than the served version {self._version}",
+                    )
+                for name, tensor in tensors.items():
+                    self._tensors[name].copy_(tensor)
+                self._version = version
+        finally:
+            with self._cond:
+                self._update_pending = False
+                self._cond.notify()
+        metrics.POLICY_VERSION.set(version)
+        return time.perf_counter() - started
+
+    def _check_update(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Every check before the first copy, so that the copies cannot fail half-way."""
+        for name, tensor in tensors.items():
+            target = self._tensors.get(name)
+            if target is None or target.shape != tensor.shape or target.dtype != tensor.dtype:
+                raise RequestError("header.tensors", f"tensor {name} does not match the model")
+        if set(tensors) != set(self._tensors):
+            raise RequestError("header.tensors", "the update does not carry every tensor of the model")
 
     async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
         raise RequestError(
@@ -263,7 +295,7 @@ class TorchEngine(Engine):
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not (
+                    while self._update_pending or not (
                         self._stopping
                         or self._inbox
                         or self._scores
@@ -274,16 +306,17 @@ class TorchEngine(Engine):
                         break
                     inbox, self._inbox = self._inbox, []
                     decode = not self._paused
-                for work in inbox:
-                    work()
-                if self._scores:
-                    self._score_batch()
-                if decode and (self._running or self._scheduler.waiting_samples):
-                    try:
-                        self._step()
-                    except Exception as error:  # a bug, not bad input: fail loudly to every caller
-                        log.exception("decode step failed; failing every running and waiting request")
-                        self._fail_all(error)
+                with self._step_lock:
+                    for work in inbox:
+                        work()
+                    if self._scores:
+                        self._score_batch()
+                    if decode and (self._running or self._scheduler.waiting_samples):
+                        try:
+                            self._step()
+                        except Exception as error:  # a bug, not bad input: fail loudly to every caller
+                            log.exception("decode step failed; failing every running and waiting request")
+                            self._fail_all(error)
                 self._flush()
         self._abort_all()
         self._flush()
@@ -382,6 +415,7 @@ class TorchEngine(Engine):
             if reason is not None:
                 finished.append((sample, reason))
         metrics.GENERATED_TOKENS.inc(len(tokens))
+        metrics.STEPS.inc()
         self._meter.add(now, len(tokens))
         for request, items in deltas.items():
             self._outbox.append((request.queue.put_nowait, (items,)))
@@ -479,30 +513,6 @@ class TorchEngine(Engine):
                 self._outbox.append((_resolve, (request.future, request.completions)))
             else:
                 self._outbox.append((request.queue.put_nowait, (_STREAM_END,)))
-
-    def _apply_weights(self, tensors: dict[str, torch.Tensor], version: int, done: asyncio.Future) -> None:
-        started = time.perf_counter()
-        try:
-            if version < self._version:
-                raise RequestError(
-                    "header.version",
-                    f"header.version {version} is older than the served version {self._version}",
-                )
-            for name, tensor in tensors.items():
-                target = self._tensors.get(name)
-                if target is None or target.shape != tensor.shape or target.dtype != tensor.dtype:
-                    raise RequestError("header.tensors", f"tensor {name} does not match the model")
-            if set(tensors) != set(self._tensors):
-                raise RequestError("header.tensors", "the update does not carry every tensor of the model")
-            # Every check passed: from here on the copies cannot fail half-way.
-            for name, tensor in tensors.items():
-                self._tensors[name].copy_(tensor)
-            self._version = version
-        except Exception as error:
-            self._outbox.append((_fail, (done, error)))
-            return
-        metrics.POLICY_VERSION.set(version)
-        self._outbox.append((_resolve, (done, time.perf_counter() - started)))
 
     def _score_batch(self) -> None:
         jobs, self._scores = self._scores[: self.max_batch_size], self._scores[self.max_batch_size :]

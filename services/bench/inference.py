@@ -1,0 +1,295 @@
+"""`rlrun bench inference`: the torch engine against its limit and against sequential generation.
+
+All on the same tiny model (configs/models/tiny-d64.json), one torch thread per process:
+- (a) limit: a raw batched decode loop at batch 32 (slot KV cache + sampling, nothing else);
+- (b) the service (`rlrun serve inference`, its own process) under 32 concurrent gRPC
+  Generate clients;
+- (c) sequential per-request transformers `generate` with the same weights.
+Ratios: b/a (target >= 0.8) and b/c (target >= 8). Also a weight update (UpdateWeights to the
+service) against a raw gRPC client stream of the same messages into a sink that only
+receives them (target >= 0.8). Every request decodes exactly `max_tokens` tokens (no stop
+tokens), so every figure counts the same work. The last stdout line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import re
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import grpc
+import torch
+
+from rlrun.common.config import RunConfig, load_config
+from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.model import SlotKVCache, arch_dict, build_model
+from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
+from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2, weights_pb2
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs/reverse_text.toml"
+BATCH = 32
+PROMPT_LEN = 8
+MAX_TOKENS = 48
+MAX_MODEL_LEN = PROMPT_LEN + MAX_TOKENS
+OVERRIDES = [f"model.max_model_len={MAX_MODEL_LEN}", f"inference.max_batch_size={BATCH}"]
+SINK_METHOD = "/rlrun.bench.RawSink/Receive"
+
+
+def random_prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(6, vocab) for _ in range(PROMPT_LEN)] for _ in range(count)]
+
+
+# -- (a) the limit: a raw batched decode loop --------------------------------------------
+
+
+def raw_decode_tok_s(config: RunConfig, rounds: int) -> float:
+    model = build_model(config.model).eval()
+    cfg = model.config
+    cache = SlotKVCache(cfg.num_layers, BATCH, MAX_MODEL_LEN, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    slots = torch.arange(BATCH)
+    generator = torch.Generator().manual_seed(0)
+    tokens_done, elapsed = 0, 0.0
+    with torch.inference_mode():
+        for round_index in range(rounds + 1):  # round 0 warms up
+            prompts = torch.tensor(random_prompts(BATCH, cfg.vocab_size, round_index))
+            started = time.perf_counter()
+            positions = torch.arange(PROMPT_LEN).repeat(BATCH)
+            hidden = model.hidden_states(
+                prompts.flatten(), positions, cache.step(slots.repeat_interleave(PROMPT_LEN), positions)
+            )
+            logits = model.lm_head(hidden[PROMPT_LEN - 1 :: PROMPT_LEN])
+            for step in range(MAX_TOKENS):
+                logprobs = torch.log_softmax(logits, dim=-1)
+                noise = torch.empty_like(logprobs).exponential_(generator=generator)
+                next_tokens = (logprobs - noise.log()).argmax(dim=-1)
+                next_tokens.tolist()
+                if step == MAX_TOKENS - 1:
+                    break
+                positions = torch.full((BATCH,), PROMPT_LEN + step)
+                hidden = model.hidden_states(next_tokens, positions, cache.step(slots, positions))
+                logits = model.lm_head(hidden)
+            if round_index:
+                elapsed += time.perf_counter() - started
+                tokens_done += BATCH * MAX_TOKENS
+    return tokens_done / elapsed
+
+
+# -- (c) sequential transformers generate ------------------------------------------------
+
+
+def sequential_generate_tok_s(config: RunConfig, requests: int) -> float:
+    import transformers
+
+    model = build_model(config.model)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**arch_dict(config.model))
+    )
+    hf.load_state_dict(model.state_dict(), strict=True)
+    hf.eval()
+    generation = transformers.GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=MAX_TOKENS,
+        min_new_tokens=MAX_TOKENS,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    prompts = random_prompts(requests + 1, model.config.vocab_size, 1)
+    tokens_done, elapsed = 0, 0.0
+    with torch.inference_mode():
+        for index, prompt in enumerate(prompts):  # the first request warms up
+            started = time.perf_counter()
+            output = hf.generate(torch.tensor([prompt]), generation_config=generation)
+            if index:
+                elapsed += time.perf_counter() - started
+                tokens_done += output.shape[1] - PROMPT_LEN
+    return tokens_done / elapsed
+
+
+# -- (b) the service under concurrent clients --------------------------------------------
+
+
+async def start_service(log_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    sets = [arg for item in OVERRIDES for arg in ("--set", item)]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rlrun.cli",
+        "serve",
+        "inference",
+        "--config",
+        str(CONFIG),
+        *sets,
+        "--set",
+        f'output_dir="{log_dir}"',
+        "--port",
+        "0",
+        "--log-dir",
+        str(log_dir),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    line = (await asyncio.wait_for(process.stdout.readline(), timeout=120)).decode()
+    match = re.fullmatch(r"rlrun inference listening on (\S+)\n", line)
+    if match is None:
+        process.kill()
+        raise RuntimeError(f"the inference service did not start: {line!r}")
+    return process, match.group(1)
+
+
+async def service_tok_s(stub, vocab: int, requests_per_client: int) -> float:
+    sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
+
+    async def client(index: int, count: int) -> int:
+        generated = 0
+        for prompt in random_prompts(count, vocab, 1000 + index):
+            reply = await stub.Generate(
+                inference_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling)
+            )
+            generated += len(reply.completions[0].token_ids)
+        return generated
+
+    await asyncio.gather(*[client(i, 1) for i in range(BATCH)])  # warm-up
+    started = time.perf_counter()
+    generated = await asyncio.gather(*[client(i, requests_per_client) for i in range(BATCH)])
+    return sum(generated) / (time.perf_counter() - started)
+
+
+# -- weight update vs a raw stream of the same bytes -------------------------------------
+
+
+def serve_sink(connection: Connection) -> None:
+    """A process that only receives WeightUpdateMessage streams; sends its port back."""
+
+    async def receive(request_iterator, context):
+        received = 0
+        async for message in request_iterator:
+            received += len(message.chunk.data)
+        return inference_pb2.UpdateWeightsResponse(bytes_received=received)
+
+    async def run() -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
+        handler = grpc.stream_unary_rpc_method_handler(
+            receive,
+            request_deserializer=weights_pb2.WeightUpdateMessage.FromString,
+            response_serializer=inference_pb2.UpdateWeightsResponse.SerializeToString,
+        )
+        service, method = SINK_METHOD.strip("/").split("/")
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, {method: handler})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        connection.send(port)
+        await asyncio.get_running_loop().run_in_executor(None, connection.recv)  # any message: stop
+        await server.stop(0)
+
+    asyncio.run(run())
+
+
+async def weight_update_seconds(stub, config: RunConfig, repeats: int) -> tuple[float, float, int]:
+    """Best (least disturbed) time of an UpdateWeights call and of a raw stream of the same
+    messages, measured alternately so that both see the same machine load."""
+    tensors = broadcast_tensors(build_model(config.model))
+    streams = [list(iter_update_messages(tensors, version)) for version in range(1, repeats + 2)]
+    payload = sum(len(m.chunk.data) for m in streams[0])
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    sink = context.Process(target=serve_sink, args=(theirs,), daemon=True)
+    sink.start()
+    try:
+        port = await asyncio.get_running_loop().run_in_executor(None, ours.recv)
+        async with open_channel(f"127.0.0.1:{port}", ClientOptions(deadline_s=60)) as sink_channel:
+            raw = sink_channel.stream_unary(
+                SINK_METHOD,
+                request_serializer=weights_pb2.WeightUpdateMessage.SerializeToString,
+                response_deserializer=inference_pb2.UpdateWeightsResponse.FromString,
+            )
+            update_times, raw_times = [], []
+            for index, messages in enumerate(streams):  # index 0 warms up
+                started = time.perf_counter()
+                await raw(messages)
+                middle = time.perf_counter()
+                await stub.UpdateWeights(messages)
+                if index:
+                    raw_times.append(middle - started)
+                    update_times.append(time.perf_counter() - middle)
+    finally:
+        ours.send("stop")
+        sink.join(timeout=10)
+    return min(update_times), min(raw_times), payload
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
+    """(a) and (b) alternate for a few rounds and each keeps its best round: on a shared
+    machine the best round is the one least disturbed by other work."""
+    vocab = build_model(config.model).config.vocab_size
+    rounds = 2 if quick else 5
+    limits, served = [], []
+    process, address = await start_service(log_dir)
+    try:
+        async with open_channel(address, ClientOptions(deadline_s=300)) as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            for _ in range(rounds):
+                limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
+                served.append(await service_tok_s(stub, vocab, requests_per_client=3 if quick else 8))
+            update_s, raw_s, payload = await weight_update_seconds(stub, config, repeats=5 if quick else 40)
+    finally:
+        process.terminate()
+        await process.wait()
+    sequential = sequential_generate_tok_s(config, requests=3 if quick else 12)
+    limit, service = max(limits), max(served)
+    return {
+        "limit_tok_s": round(limit, 1),
+        "service_tok_s": round(service, 1),
+        "sequential_tok_s": round(sequential, 1),
+        "ratio_vs_limit": round(service / limit, 3),
+        "ratio_vs_sequential": round(service / sequential, 2),
+        "weight_update_s": round(update_s, 5),
+        "raw_stream_s": round(raw_s, 5),
+        "weight_bytes": payload,
+        "weights_ratio_vs_raw": round(raw_s / update_s, 3),
+        "targets": {"ratio_vs_limit": 0.8, "ratio_vs_sequential": 8, "weights_ratio_vs_raw": 0.8},
+        "rounds": {"limit_tok_s": [round(x) for x in limits], "service_tok_s": [round(x) for x in served]},
+        "batch": BATCH,
+        "max_tokens": MAX_TOKENS,
+        "quick": quick,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)
+    config = load_config(CONFIG, OVERRIDES)
+    log_dir = Path(os.environ.get("RLRUN_BENCH_DIR", "outputs/bench-inference"))
+    result = asyncio.run(measure(config, args.quick, log_dir))
+    print(f"(a) raw batched decode loop, batch {BATCH}:      {result['limit_tok_s']:>10.1f} tok/s")
+    print(f"(b) service, {BATCH} concurrent gRPC clients:    {result['service_tok_s']:>10.1f} tok/s")
+    print(f"(c) sequential transformers generate:        {result['sequential_tok_s']:>10.1f} tok/s")
+    print(
+        f"b/a = {result['ratio_vs_limit']:.3f} (target >= 0.8)   b/c = {result['ratio_vs_sequential']:.2f} (target >= 8)"
+    )
+    print(
+        f"weight update {result['weight_update_s'] * 1e3:.2f} ms vs raw stream {result['raw_stream_s'] * 1e3:.2f} ms "
+        f"of {result['weight_bytes']} bytes: ratio {result['weights_ratio_vs_raw']:.3f} (target >= 0.8)"
+    )
+    line = json.dumps(result)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(line + "\n")
+    print(line)
+    return 0
