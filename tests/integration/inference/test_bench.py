@@ -1,0 +1,26 @@
+"""`rlrun bench inference --quick` runs end to end and ends with its JSON line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_the_ratios(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLRUN_BENCH_DIR": str(tmp_path)}
+    output = tmp_path / "result.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlrun.cli", "bench", "inference", "--quick", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=True,
+    )
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert json.loads(output.read_text()) == last
+    for key in ("ratio_vs_limit", "ratio_vs_sequential", "weights_ratio_vs_raw"):
+        assert last[key] > 0
