@@ -61,30 +61,34 @@ def build_header(
     return header, buffers
 
 
+def _cut(buffers: list[memoryview], chunk_bytes: int) -> Iterator[bytes]:
+    """The concatenation of `buffers` in pieces of `chunk_bytes` (the last may be shorter),
+    copied once: a piece inside one tensor is a slice, only pieces across tensors are joined."""
+    parts: list[memoryview] = []
+    size = 0
+    for buf in buffers:
+        offset = 0
+        while offset < len(buf):
+            take = min(chunk_bytes - size, len(buf) - offset)
+            parts.append(buf[offset : offset + take])
+            size += take
+            offset += take
+            if size == chunk_bytes:
+                yield bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+                parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
+
+
 def iter_update_messages(
     tensors: dict[str, torch.Tensor], version: int, chunk_bytes: int = MAX_CHUNK_BYTES
 ) -> Iterator[weights_pb2.WeightUpdateMessage]:
     """Header first, then chunks of at most `chunk_bytes` (capped at 4 MiB)."""
-    chunk_bytes = min(chunk_bytes, MAX_CHUNK_BYTES)
     header, buffers = build_header(tensors, version)
     yield weights_pb2.WeightUpdateMessage(header=header)
-    pending = bytearray()
-    index = 0
-    for buf in buffers:
-        offset = 0
-        while offset < len(buf):
-            take = min(chunk_bytes - len(pending), len(buf) - offset)
-            pending += buf[offset : offset + take]
-            offset += take
-            if len(pending) == chunk_bytes:
-                yield weights_pb2.WeightUpdateMessage(
-                    chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending))
-                )
-                index += 1
-                pending.clear()
-    if pending:
+    for index, data in enumerate(_cut(buffers, min(chunk_bytes, MAX_CHUNK_BYTES))):
         yield weights_pb2.WeightUpdateMessage(
-            chunk=weights_pb2.WeightChunk(version=version, index=index, data=bytes(pending))
+            chunk=weights_pb2.WeightChunk(version=version, index=index, data=data)
         )
 
 
