@@ -292,34 +292,47 @@ class TorchEngine(Engine):
     # -- engine thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
-        with torch.inference_mode():
-            while True:
-                with self._cond:
-                    while self._update_pending or not (
-                        self._stopping
-                        or self._inbox
-                        or self._scores
-                        or (not self._paused and (self._running or self._scheduler.waiting_samples))
-                    ):
-                        self._cond.wait()
-                    if self._stopping:
-                        break
-                    inbox, self._inbox = self._inbox, []
-                    decode = not self._paused
-                with self._step_lock:
-                    for work in inbox:
-                        work()
-                    if self._scores:
-                        self._score_batch()
-                    if decode and (self._running or self._scheduler.waiting_samples):
-                        try:
-                            self._step()
-                        except Exception as error:  # a bug, not bad input: fail loudly to every caller
-                            log.exception("decode step failed; failing every running and waiting request")
-                            self._fail_all(error)
-                self._flush()
-        self._abort_all()
-        self._flush()
+        try:
+            with torch.inference_mode():
+                self._serve_steps()
+            self._abort_all()
+        except BaseException as error:  # a bug in the engine itself: nothing may wait forever on it
+            log.exception("the engine thread crashed; failing every open request")
+            with self._cond:
+                self._stopping = True
+            self._fail_all(
+                error if isinstance(error, Exception) else RuntimeError("the engine thread crashed")
+            )
+            raise
+        finally:
+            self._flush()
+
+    def _serve_steps(self) -> None:
+        while True:
+            with self._cond:
+                while self._update_pending or not (
+                    self._stopping
+                    or self._inbox
+                    or self._scores
+                    or (not self._paused and (self._running or self._scheduler.waiting_samples))
+                ):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                inbox, self._inbox = self._inbox, []
+                decode = not self._paused
+            with self._step_lock:
+                for work in inbox:
+                    work()
+                if self._scores:
+                    self._score_batch()
+                if decode and (self._running or self._scheduler.waiting_samples):
+                    try:
+                        self._step()
+                    except Exception as error:  # a bug, not bad input: fail loudly to every caller
+                        log.exception("decode step failed; failing every running and waiting request")
+                        self._fail_all(error)
+            self._flush()
 
     def _flush(self) -> None:
         if self._outbox:

@@ -226,3 +226,18 @@ async def test_stop_ends_open_requests_with_abort(model):
     await engine.stop()
     completions = await request
     assert [c.finish_reason for c in completions] == ["abort"] * 3
+
+
+async def test_a_failing_step_fails_its_requests_loudly_and_the_engine_carries_on(engine):
+    def broken(module, args):
+        raise RuntimeError("lm_head exploded")
+
+    hook = engine.model.lm_head.register_forward_pre_hook(broken)
+    try:
+        with pytest.raises(RuntimeError, match="lm_head exploded"):
+            await engine.generate([5, 6], SamplingParams(max_tokens=4, n=2))
+    finally:
+        hook.remove()
+    assert engine.status().running_requests == 0
+    [completion] = await engine.generate([5, 6], SamplingParams(max_tokens=4))
+    assert len(completion.token_ids) == 4
