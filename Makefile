@@ -42,7 +42,7 @@ lint: setup
 	$(BIN)/ruff format --check services tests examples
 
 bench: setup
-	for name in inference env-server trainer orchestrator async; do $(BIN)/rlrun bench $$name || exit 1; done
+	for name in inference env-server trainer orchestrator async stack; do $(BIN)/rlrun bench $$name || exit 1; done
 
 crd: setup
 	$(BIN)/python -m rlrun.operator.crd

@@ -28,6 +28,7 @@ BENCHMARKS = {
         "rlrun.bench.async_overlap",
         "async (max_off_policy_steps=1) vs sync step time, against the bound",
     ),
+    "stack": ("rlrun.bench.stack", "the rlrun local service stack vs the same RL loop in one process"),
 }
 
 
