@@ -1,0 +1,90 @@
+"""`rlrun local` end to end: real services as processes on loopback, a real (short) run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "configs" / "reverse_text.toml"
+SUMMARY_KEYS = {"steps", "eval_reward_start", "eval_reward_end", "wall_s", "tokens_per_s"}
+
+
+def rlrun_local(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "rlrun.cli", "local", *args, "--no-progress"],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env,
+    )
+
+
+def rlrun_children(run_dir: Path) -> list[int]:
+    """Pids of the `rlrun serve` processes of the run in `run_dir` still alive (their command
+    lines name its log folder)."""
+    out = subprocess.run(["pgrep", "-f", f"serve .*{run_dir}/logs"], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def test_short_run_learns_and_writes_its_outputs(tmp_path):
+    out = tmp_path / "run"
+    result = rlrun_local(str(DEMO), "--output-dir", str(out), "--max-steps", "20",
+                         "--set", "orchestrator.eval.interval=10", "--set", "orchestrator.eval.num_tasks=128")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["steps"] == 20
+    # The warm start leaves room to learn, and RL uses it.
+    assert summary["eval_reward_start"] <= 0.6
+    assert summary["eval_reward_end"] > summary["eval_reward_start"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "rl"] == list(range(1, 21))
+    assert {"reward_mean", "tokens_per_s", "off_policy_lag", "step_seconds"} <= set(rows[-1])
+    assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (out / "eval").glob("step_*.jsonl"))
+    assert any((out / "checkpoints").iterdir())
+    for service in ("inference", "trainer", "orchestrator", "env-server-reverse-text"):
+        assert (out / "logs" / f"{service}.stderr").exists(), service
+    assert not rlrun_children(out)
+
+
+def test_a_child_that_dies_is_named_and_nothing_is_left_behind(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(DEMO.read_text().replace('id = "reverse-text"', 'id = "no-such-env"'))
+    result = rlrun_local(str(bad), "--output-dir", str(tmp_path / "run"), timeout=300)
+    assert result.returncode == 1
+    assert "env-server-no-such-env" in result.stderr
+    assert str(tmp_path / "run" / "logs") in result.stderr
+    assert not rlrun_children(tmp_path / "run")
+
+
+def test_ctrl_c_stops_every_service(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "rlrun.cli", "local", str(DEMO), "--output-dir", str(tmp_path / "run"),
+         "--no-progress", "--max-steps", "1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+        assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+        time.sleep(0.5)
+    assert len(rlrun_children(tmp_path / "run")) == 4
+    launcher.send_signal(signal.SIGINT)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, stderr[-3000:]
+    assert "interrupted" in stderr
+    assert not rlrun_children(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_the_demo_reaches_its_target(tmp_path):
+    result = rlrun_local(str(DEMO), "--output-dir", str(tmp_path / "run"), timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["eval_reward_start"] <= 0.6
+    assert summary["eval_reward_end"] >= 0.9
