@@ -300,9 +300,10 @@ class TorchEngine(Engine):
             log.exception("the engine thread crashed; failing every open request")
             with self._cond:
                 self._stopping = True
-            self._fail_all(
-                error if isinstance(error, Exception) else RuntimeError("the engine thread crashed")
-            )
+            failure = error if isinstance(error, Exception) else RuntimeError("the engine thread crashed")
+            self._fail_all(failure)
+            for job in self._scores:
+                self._outbox.append((_fail, (job.future, failure)))
             raise
         finally:
             self._flush()
@@ -466,6 +467,7 @@ class TorchEngine(Engine):
     def _cancel(self, request: _Request) -> None:
         if request.closed:
             return
+        log.debug("request %r cancelled", request.id)
         request.closed = True
         with self._cond:
             self._scheduler.drop(request)
