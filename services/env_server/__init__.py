@@ -12,7 +12,8 @@ tools and users) and a scorer. Write one by subclassing `Environment`:
             return Score.of("correct", exact_match(episode.answer, task.data["answer"]))
 
 and name it in the run config as a built-in id (rlrun.env_server.registry) or as an import
-path `package.module:MyEnv`.
+path `package.module:MyEnv`. A multi-agent env sets `members`, drives MultiAgentEpisodes with
+a TurnHarness and scores with MemberScores (see rlrun.env_server.multi_agent and the debate env).
 """
 
 from rlrun.env_server.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
@@ -22,10 +23,11 @@ from rlrun.env_server.environment import Environment
 from rlrun.env_server.episode import POLICY, Episode, generate_group
 from rlrun.env_server.errors import InvalidModelOutput, ModelCallError, ToolError
 from rlrun.env_server.harness import Harness
-from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
+from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness, TurnHarness
 from rlrun.env_server.models import Model
+from rlrun.env_server.multi_agent import MultiAgentEpisode, PublicMessage, Slot
 from rlrun.env_server.scoring import exact_match, levenshtein, similarity
-from rlrun.env_server.task import Example, Score, Task
+from rlrun.env_server.task import Example, MemberScores, Score, Task
 from rlrun.env_server.taskset import EVAL, TRAIN, GeneratedTaskset, Taskset
 
 __all__ = [
@@ -42,15 +44,20 @@ __all__ = [
     "GeneratedTaskset",
     "Harness",
     "InvalidModelOutput",
+    "MemberScores",
     "Model",
     "ModelCallError",
+    "MultiAgentEpisode",
     "MultiTurnHarness",
+    "PublicMessage",
     "Score",
     "SingleTurnHarness",
+    "Slot",
     "Task",
     "Taskset",
     "ToolCallingHarness",
     "ToolError",
+    "TurnHarness",
     "exact_match",
     "generate_group",
     "levenshtein",

@@ -36,9 +36,10 @@ class Conversation:
         logprobs: list[float],
         content: str,
         is_observation: bool = False,
+        parse_error: bool = False,
     ) -> str:
         self.cursor = self.graph.add(
-            role, token_ids, sampled_mask, logprobs, self.cursor, content, is_observation
+            role, token_ids, sampled_mask, logprobs, self.cursor, content, is_observation, parse_error
         )
         self._tokens += token_ids
         return self.cursor
@@ -60,8 +61,9 @@ class Conversation:
         """What the model is given for the next assistant turn."""
         return self._tokens + self.tokenizer.message_header("assistant")
 
-    def add_completion(self, completion: Completion) -> str:
-        """The assistant node: the header (not sampled) then the sampled tokens, stop token included."""
+    def add_completion(self, completion: Completion, parse_error: bool = False) -> str:
+        """The assistant node: the header (not sampled) then the sampled tokens, stop token included.
+        `parse_error` marks a completion whose markup did not parse (its tokens never train)."""
         header = self.tokenizer.message_header("assistant")
         self.completions.append(completion)
         return self._append(
@@ -70,6 +72,7 @@ class Conversation:
             [False] * len(header) + [True] * len(completion.token_ids),
             completion.logprobs,
             self.tokenizer.decode(completion.token_ids),
+            parse_error=parse_error,
         )
 
     def rewind(self, node_id: str | None) -> None:

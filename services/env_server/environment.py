@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from rlrun.common.types import PlanTarget
 from rlrun.env_server.algorithms import EnvAlgorithm
 from rlrun.env_server.episode import Episode
 from rlrun.env_server.harness import Harness
-from rlrun.env_server.task import Score, Task
+from rlrun.env_server.multi_agent import MultiAgentEpisode
+from rlrun.env_server.task import MemberScores, Score, Task
 from rlrun.env_server.taskset import Taskset
 
 
@@ -21,13 +23,15 @@ class Environment(ABC):
     harness: Harness
 
     members: tuple[str, ...] = ()
-    """Member ids of a multi-agent env; empty for single-agent envs (one member, `policy`)."""
+    """Member ids of a multi-agent env; empty for single-agent envs (one member, `policy`). A
+    multi-agent env's harness drives MultiAgentEpisodes (e.g. TurnHarness), its rollouts need a
+    plan with one target per member, and its scorer returns MemberScores covering every member."""
 
     @abstractmethod
-    def score(self, task: Task, episode: Episode) -> Score:
+    def score(self, task: Task, episode: Episode) -> Score | MemberScores:
         """Scores one finished episode (never called for an episode that failed)."""
 
-    def score_group(self, task: Task, episodes: list[Episode]) -> list[Score]:
+    def score_group(self, task: Task, episodes: list[Episode]) -> list[Score | MemberScores]:
         """Scores the finished episodes of one group together; override for group scoring
         (rankings, diversity bonuses, ...). The default scores each on its own."""
         return [self.score(task, episode) for episode in episodes]
@@ -44,6 +48,21 @@ class Environment(ABC):
     @property
     def has_reference_answer(self) -> bool:
         return type(self).reference_answer is not Environment.reference_answer
+
+    def member_prompt(self, task: Task, member: str) -> tuple[str, str | None]:
+        """The opening user message and system message (or None) of `member`'s conversation in
+        a multi-agent episode. Default: the task's own, for every member."""
+        return task.prompt, task.system
+
+    def rule_reply(self, task: Task, episode: MultiAgentEpisode, member: str, target: PlanTarget) -> str:
+        """What a rule-kind plan target says when it plays `member` at this point of a
+        multi-agent episode (its own view: `episode.conversations[member]`, the public record:
+        `episode.public`). Multi-agent envs without rules cannot serve rule targets."""
+        raise NotImplementedError(f"{type(self).__name__} has no rule-based members")
+
+    @property
+    def has_rule_reply(self) -> bool:
+        return type(self).rule_reply is not Environment.rule_reply
 
     def algorithms(self) -> dict[str, EnvAlgorithm]:
         """Env-owned algorithms by id (run through RunAlgorithms). Default: none."""

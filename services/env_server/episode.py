@@ -1,8 +1,8 @@
 """One rollout of one task, as a harness drives it.
 
 An episode holds one conversation and one model per member. A single-agent episode has the
-one member `policy`; the trace of each member becomes one Trace, so a multi-agent harness
-extends this without changing the runner.
+one member `policy`; the conversation of each member becomes one Trace (multi-agent episodes:
+rlrun.env_server.multi_agent).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class Episode:
         self.error: BaseException | None = None
         self.metrics: dict[str, float] = {}
         """Harness metrics; they join the scorer's in the trace."""
+        self.info: dict[str, str] = {}
+        """Free-form facts about the episode (e.g. `learner_seat`), copied into every trace's info."""
         self.generation_s = 0.0
 
     @property

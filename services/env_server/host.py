@@ -108,19 +108,30 @@ class EnvHost:
         return self.env.taskset.get(ref.split, ref.idx)
 
     def check_plan(self, plan: GenerationPlan, where: str = "plan") -> None:
-        if len(plan.targets) != 1:
+        """A single-agent env needs one target; a multi-agent env one target per member. A rule
+        target needs the env's reference answer (single-agent) or rules (multi-agent)."""
+        members = self.env.members
+        if not members and len(plan.targets) != 1:
             raise RequestError(
                 f"{where}.targets",
                 f"env {self.key!r} is single-agent and needs exactly one target, got {sorted(plan.targets)}",
             )
-        [(key, target)] = plan.targets.items()
-        at = f"{where}.targets[0]"
-        if target.model.kind == "rule" and not self.env.has_reference_answer:
+        if members and sorted(plan.targets) != sorted(members):
             raise RequestError(
-                f"{at}.model.kind",
-                f"env {self.key!r} has no reference answer, so it cannot play the rule target {key!r}",
+                f"{where}.targets",
+                f"env {self.key!r} is multi-agent and needs one target per member {sorted(members)}, "
+                f"got {sorted(plan.targets)}",
             )
-        target.sampling.validate(f"{at}.sampling", vocab_size=self.vocab_size)
+        plays_rules = self.env.has_rule_reply if members else self.env.has_reference_answer
+        for i, (key, target) in enumerate(plan.targets.items()):
+            at = f"{where}.targets[{i}]"
+            if target.model.kind == "rule" and not plays_rules:
+                what = "rules for its members" if members else "reference answer"
+                raise RequestError(
+                    f"{at}.model.kind",
+                    f"env {self.key!r} has no {what}, so it cannot play the rule target {key!r}",
+                )
+            target.sampling.validate(f"{at}.sampling", vocab_size=self.vocab_size)
 
     # -- rollouts -----------------------------------------------------------------------------
 
@@ -135,10 +146,13 @@ class EnvHost:
         try:
             response = response_type.FromString(await self.pool.run(job_id, job, timeout_s, cancelled))
         except JobCancelled:
-            response = self._synthesized(response_type, error_traces(job, CANCELLED, stop="cancelled"))
+            response = self._synthesized(
+                response_type, error_traces(job, CANCELLED, stop="cancelled", members=self.env.members)
+            )
         except WorkerLost as error:
             response = self._synthesized(
-                response_type, error_traces(job, TraceError("WorkerLost", str(error), True))
+                response_type,
+                error_traces(job, TraceError("WorkerLost", str(error), True), members=self.env.members),
             )
         finally:
             del self._jobs[job_id]
@@ -159,12 +173,15 @@ class EnvHost:
             return
         self.rollout_log.record(traces[0].task, traces[0].group_id, traces)
         split = traces[0].task.split
-        stops = Counter(t.stop_condition for t in traces)
+        rollouts = {
+            t.rollout_id: t for t in traces
+        }.values()  # a multi-agent rollout has one trace per member
+        stops = Counter(t.stop_condition for t in rollouts)
         for stop, count in stops.items():
             name = trace_pb2.StopCondition.Name(stop).removeprefix("STOP_CONDITION_").lower()
             ROLLOUTS.labels(self.key, split, name).inc(count)
         for (kind, retryable), count in Counter(
-            (e.type, e.retryable) for t in traces for e in t.errors
+            (e.type, e.retryable) for t in rollouts for e in t.errors
         ).items():
             ROLLOUT_ERRORS.labels(self.key, kind, str(retryable).lower()).inc(count)
         REQUEST_SECONDS.labels(self.key).observe(max(t.timing.total_s for t in traces))

@@ -48,8 +48,9 @@ class RolloutLog:
         return logger
 
     def record(self, task: trace_pb2.TaskRef, group_id: str, traces) -> None:
-        """Logs the outcome of one request: its task, and per rollout its id, reward and stop
-        condition, plus every error."""
+        """Logs the outcome of one request: its task, and per trace (one per rollout, or per
+        member of a multi-agent rollout) its rollout id, member, reward and stop condition,
+        plus every error."""
         self._logger(task.split).info(
             "rollouts",
             extra={
@@ -58,6 +59,7 @@ class RolloutLog:
                 "idx": task.idx,
                 "group_id": group_id,
                 "rollout_ids": [t.rollout_id for t in traces],
+                "member_ids": [t.member_id for t in traces],
                 "rewards": [t.reward for t in traces],
                 "stop_conditions": [trace_pb2.StopCondition.Name(t.stop_condition) for t in traces],
                 "errors": [

@@ -1,12 +1,14 @@
 """The models a harness talks to: one per plan target.
 
 `InferenceModel` samples from an InferenceService; `RuleModel` is a rule-kind target, played
-by the environment's own reference solution (the warm start's `oracle`).
+by the environment's own reference solution (the warm start's `oracle`); `RulePlayer` is a
+rule-kind member of a multi-agent episode, played by the environment's rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 from rlrun.common.tokenizer import Tokenizer
@@ -61,17 +63,35 @@ class InferenceModel:
         return await self.client.generate(self.addresses, prompt_ids, sampling, request_id)
 
 
+def rule_completion(tokenizer: Tokenizer, answer: str, max_tokens: int) -> Completion:
+    """`<answer><end>` as if sampled, logprobs 0.0 (so a supervised algorithm puts its loss on
+    them), cut at max_tokens."""
+    tokens = tokenizer.encode(answer) + [tokenizer.eos_token_id]
+    return Completion(
+        tokens[:max_tokens],
+        [0.0] * min(len(tokens), max_tokens),
+        "stop" if len(tokens) <= max_tokens else "length",
+    )
+
+
 class RuleModel:
-    """Answers every prompt with the reference answer: `<answer><end>` as if sampled, logprobs
-    0.0 (so a supervised algorithm puts its loss on them), cut at max_tokens."""
+    """Answers every prompt with the reference answer (see `rule_completion`)."""
 
     def __init__(self, tokenizer: Tokenizer, answer: str, max_tokens: int):
-        tokens = tokenizer.encode(answer) + [tokenizer.eos_token_id]
-        self.completion = Completion(
-            tokens[:max_tokens],
-            [0.0] * min(len(tokens), max_tokens),
-            "stop" if len(tokens) <= max_tokens else "length",
-        )
+        self.completion = rule_completion(tokenizer, answer, max_tokens)
 
     async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
         return [self.completion] * n
+
+
+class RulePlayer:
+    """A rule-kind member of a multi-agent episode: its answer depends on the episode so far,
+    so `reply()` is asked at the moment the member speaks (see `rule_completion`)."""
+
+    def __init__(self, tokenizer: Tokenizer, reply: Callable[[], str], max_tokens: int):
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.max_tokens = max_tokens
+
+    async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
+        return [rule_completion(self.tokenizer, self.reply(), self.max_tokens)] * n

@@ -13,6 +13,7 @@ BUILTIN: dict[str, str] = {
     "alphabet-sort": "rlrun.env_server.envs.alphabet_sort:AlphabetSort",
     "arithmetic": "rlrun.env_server.envs.arithmetic:Arithmetic",
     "tool-calc": "rlrun.env_server.envs.tool_calc:ToolCalc",
+    "debate": "rlrun.env_server.envs.debate:Debate",
 }
 
 

@@ -1,5 +1,7 @@
 """Runs the rollouts of one request (RunRollout: one; RunGroup: n) and turns the episodes into
-validated traces. Everything that goes wrong inside a rollout ends up in the trace's `errors`.
+validated traces: one per rollout, or for a multi-agent env one per member of every rollout
+(id `<rollout id>/<member>`). Everything that goes wrong inside a rollout ends up in the
+traces' `errors`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from rlrun.common.tokenizer import Tokenizer
 from rlrun.common.types import GenerationPlan, PlanTarget, TaskRef, Trace, TraceError
@@ -18,8 +21,9 @@ from rlrun.env_server.environment import Environment
 from rlrun.env_server.episode import POLICY, Episode
 from rlrun.env_server.errors import ScoringError, trace_error
 from rlrun.env_server.inference_client import InferenceClient
-from rlrun.env_server.models import InferenceModel, Model, RuleModel, with_stop_tokens
-from rlrun.env_server.task import Score, Task
+from rlrun.env_server.models import InferenceModel, Model, RuleModel, RulePlayer, with_stop_tokens
+from rlrun.env_server.multi_agent import MultiAgentEpisode
+from rlrun.env_server.task import MemberScores, Score, Task
 
 log = logging.getLogger("rlrun.env_server.rollout")
 
@@ -63,28 +67,75 @@ def policy_target(plan: GenerationPlan) -> PlanTarget:
     return next(iter(plan.targets.values()))
 
 
-def build_model(env: Environment, task: Task, target: PlanTarget, runtime: Runtime, request_id: str) -> Model:
-    if target.model.kind == "rule":
-        return RuleModel(runtime.tokenizer, env.reference_answer(task), target.sampling.max_tokens)
+def inference_model(target: PlanTarget, runtime: Runtime, request_id: str) -> InferenceModel:
     sampling = with_stop_tokens(target.sampling, runtime.tokenizer.stop_token_ids)
     return InferenceModel(runtime.client, target.model.addresses, sampling, runtime.max_model_len, request_id)
 
 
-def error_traces(job: RolloutJob, error: TraceError, stop: str = "error") -> list[Trace]:
-    """Traces without messages for rollouts that never ran (e.g. their worker died)."""
+def build_model(env: Environment, task: Task, target: PlanTarget, runtime: Runtime, request_id: str) -> Model:
+    if target.model.kind == "rule":
+        return RuleModel(runtime.tokenizer, env.reference_answer(task), target.sampling.max_tokens)
+    return inference_model(target, runtime, request_id)
+
+
+def trace_id(rollout_id: str, member: str, multi_agent: bool) -> str:
+    return f"{rollout_id}/{member}" if multi_agent else rollout_id
+
+
+def error_traces(
+    job: RolloutJob, error: TraceError, stop: str = "error", members: tuple[str, ...] = ()
+) -> list[Trace]:
+    """Traces without messages for rollouts that never ran (e.g. their worker died): one per
+    rollout, or one per member of every rollout for a multi-agent env (`members`)."""
     ref = task_ref(job.env_key, job.task)
     return [
         Trace(
-            id=rid,
+            id=trace_id(rid, member, bool(members)),
             task=ref,
             rollout_id=rid,
             group_id=job.group_id,
-            member_id=POLICY,
+            member_id=member,
             errors=[error],
             stop_condition=stop,
         )
         for rid in job.rollout_ids
+        for member in members or (POLICY,)
     ]  # type: ignore[arg-type]
+
+
+def start_episodes(env: Environment, job: RolloutJob, runtime: Runtime) -> list[Episode]:
+    """One episode per rollout id, each member's conversation opened with its prompt. Inference
+    models are shared by a group's episodes (one call per turn, seeds advance per call); rule
+    players of a multi-agent env answer from their own episode."""
+    request_id = job.group_id or job.rollout_ids[0]
+    if not env.members:
+        model = build_model(env, job.task, policy_target(job.plan), runtime, request_id)
+        episodes: list[Episode] = []
+        for _ in job.rollout_ids:
+            conversation = Conversation(runtime.tokenizer)
+            conversation.add_prompt(job.task.prompt, job.task.system)
+            episodes.append(Episode(job.task, {POLICY: conversation}, {POLICY: model}))
+        return episodes
+    targets = {member: job.plan.targets[member] for member in env.members}
+    shared: dict[str, Model] = {
+        member: inference_model(target, runtime, f"{request_id}:{member}")
+        for member, target in targets.items()
+        if target.model.kind != "rule"
+    }
+    episodes = []
+    for index in range(len(job.rollout_ids)):
+        conversations = {}
+        for member in targets:
+            conversations[member] = Conversation(runtime.tokenizer)
+            conversations[member].add_prompt(*env.member_prompt(job.task, member))
+        roles = {member: target.role for member, target in targets.items()}
+        episode = MultiAgentEpisode(job.task, conversations, dict(shared), roles, index)
+        for member, target in targets.items():
+            if target.model.kind == "rule":
+                reply = partial(env.rule_reply, job.task, episode, member, target)
+                episode.models[member] = RulePlayer(runtime.tokenizer, reply, target.sampling.max_tokens)
+        episodes.append(episode)
+    return episodes
 
 
 async def _drive(work: asyncio.Future, timeout_s: float, cancelled: asyncio.Event) -> str:
@@ -104,12 +155,14 @@ async def _drive(work: asyncio.Future, timeout_s: float, cancelled: asyncio.Even
     return "cancelled" if cancelled.is_set() else "timeout"
 
 
-def _score(env: Environment, task: Task, episodes: list[Episode]) -> tuple[dict[int, Score], float]:
+def _score(
+    env: Environment, task: Task, episodes: list[Episode]
+) -> tuple[dict[int, Score | MemberScores], float]:
     """Scores of the episodes that finished (not failed, not cancelled), by position; a failing
-    scorer fails the episodes it was scoring."""
+    scorer, or one whose scores break the contract, fails the episodes it was scoring."""
     started = time.perf_counter()
     finished = [i for i, e in enumerate(episodes) if e.error is None and e.stop != "cancelled"]
-    scores: dict[int, Score] = {}
+    scores: dict[int, Score | MemberScores] = {}
     if finished and env.group_scoring:
         try:
             group = env.score_group(task, [episodes[i] for i in finished])
@@ -126,15 +179,27 @@ def _score(env: Environment, task: Task, episodes: list[Episode]) -> tuple[dict[
             except Exception as error:
                 episodes[i].fail(_scoring_error(error))
     for i, score in list(scores.items()):
-        numbers = [v for c in score.rewards.values() for v in (c.score, c.weight)] + list(
-            score.metrics.values()
-        )
-        if not all(math.isfinite(v) for v in numbers):
-            episodes[i].fail(
-                _scoring_error(ValueError(f"not finite: rewards {score.rewards}, metrics {score.metrics}"))
-            )
+        try:
+            _check_score(env, score)
+        except (TypeError, ValueError) as error:
+            episodes[i].fail(_scoring_error(error))
             del scores[i]
     return scores, time.perf_counter() - started
+
+
+def _check_score(env: Environment, score: Score | MemberScores) -> None:
+    """A Score for a single-agent env; MemberScores covering exactly the members of a
+    multi-agent env; finite numbers."""
+    expected = MemberScores if env.members else Score
+    if not isinstance(score, expected):
+        raise TypeError(f"the scorer returned a {type(score).__name__}, expected a {expected.__name__}")
+    if isinstance(score, MemberScores):
+        score.check_members(env.members)
+    each = list(score.scores.values()) if isinstance(score, MemberScores) else [score]
+    for member_score in each:
+        numbers = [v for c in member_score.rewards.values() for v in (c.score, c.weight)]
+        if not all(math.isfinite(v) for v in numbers + list(member_score.metrics.values())):
+            raise ValueError(f"not finite: rewards {member_score.rewards}, metrics {member_score.metrics}")
 
 
 def _scoring_error(error: Exception) -> ScoringError:
@@ -147,17 +212,11 @@ async def run_rollouts(
     env: Environment, job: RolloutJob, runtime: Runtime, timeout_s: float, cancelled: asyncio.Event
 ) -> list[Trace]:
     """Runs the job's rollouts through the env's harness (as one group), scores them and
-    returns one validated trace per rollout, in the order of `job.rollout_ids`."""
+    returns the validated traces in the order of `job.rollout_ids` (a multi-agent rollout's
+    traces in the order of the env's members)."""
     started = time.perf_counter()
-    episodes: list[Episode] = []
     try:
-        model = build_model(
-            env, job.task, policy_target(job.plan), runtime, job.group_id or job.rollout_ids[0]
-        )
-        for _ in job.rollout_ids:
-            conversation = Conversation(runtime.tokenizer)
-            conversation.add_prompt(job.task.prompt, job.task.system)
-            episodes.append(Episode(job.task, {POLICY: conversation}, {POLICY: model}))
+        episodes = start_episodes(env, job, runtime)
     except Exception as error:
         log.exception(
             "env %s: cannot start rollouts of %s task %d",
@@ -166,7 +225,7 @@ async def run_rollouts(
             job.task.idx,
             extra={"split": job.task.split},
         )
-        return error_traces(job, trace_error(error))
+        return error_traces(job, trace_error(error), members=env.members)
 
     outcome = "done"
     try:
@@ -189,24 +248,51 @@ async def run_rollouts(
     traces = []
     total_s = time.perf_counter() - started
     for i, (rollout_id, episode) in enumerate(zip(job.rollout_ids, episodes, strict=True)):
-        trace = _trace(rollout_id, job, ref, episode, scores.get(i))
-        trace.timing = {"generation_s": episode.generation_s, "scoring_s": scoring_s, "total_s": total_s}
-        if episode.error is not None and trace.errors[0].type in ("HarnessError", "ScoringError"):
+        for trace in _traces(rollout_id, job, ref, episode, scores.get(i)):
+            trace.timing = {"generation_s": episode.generation_s, "scoring_s": scoring_s, "total_s": total_s}
+            trace.validate(f"trace[{trace.id}]")
+            traces.append(trace)
+        if episode.error is not None and traces[-1].errors[0].type in ("HarnessError", "ScoringError"):
             log.error(
                 "env %s rollout %s failed: %s",
                 job.env_key,
                 rollout_id,
-                trace.errors[0].message,
+                traces[-1].errors[0].message,
                 exc_info=episode.error,
                 extra={"split": job.task.split},
             )
-        trace.validate(f"trace[{rollout_id}]")
-        traces.append(trace)
     return traces
 
 
-def _trace(rollout_id: str, job: RolloutJob, ref: TaskRef, episode: Episode, score: Score | None) -> Trace:
-    conversation = episode.conversation
+def _traces(
+    rollout_id: str, job: RolloutJob, ref: TaskRef, episode: Episode, score: Score | MemberScores | None
+) -> list[Trace]:
+    """One trace per member of the episode (the one member `policy` of a single-agent episode)."""
+    multi_agent = isinstance(episode, MultiAgentEpisode)
+    return [
+        _trace(
+            trace_id(rollout_id, member, multi_agent),
+            rollout_id,
+            member,
+            job,
+            ref,
+            episode,
+            score.scores[member] if isinstance(score, MemberScores) else score,
+        )
+        for member in episode.conversations
+    ]
+
+
+def _trace(
+    trace_id: str,
+    rollout_id: str,
+    member: str,
+    job: RolloutJob,
+    ref: TaskRef,
+    episode: Episode,
+    score: Score | None,
+) -> Trace:
+    conversation = episode.conversations[member]
     nodes = conversation.graph.nodes
     metrics = {
         "completion_tokens": float(sum(n.num_sampled for n in nodes)),
@@ -214,16 +300,17 @@ def _trace(rollout_id: str, job: RolloutJob, ref: TaskRef, episode: Episode, sco
         **episode.metrics,
     }
     trace = Trace(
-        id=rollout_id,
+        id=trace_id,
         task=ref,
         nodes=nodes,
         branches=conversation.graph.branches(),
         rollout_id=rollout_id,
         group_id=job.group_id,
-        member_id=POLICY,
+        member_id=member,
         is_truncated=conversation.truncated,
         policy_span=conversation.policy_span,
         metrics=metrics,
+        info=dict(episode.info),
     )
     if episode.stop == "cancelled":
         trace.stop_condition, trace.errors = "cancelled", [CANCELLED]

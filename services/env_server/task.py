@@ -50,3 +50,20 @@ class Score:
     @property
     def reward(self) -> float:
         return sum(c.score * c.weight for c in self.rewards.values())
+
+
+@dataclass
+class MemberScores:
+    """The scores of one multi-agent episode, one per member. They must cover every member of
+    the episode, exactly: a missing member is an error, never a silent zero."""
+
+    scores: dict[str, Score]
+
+    def check_members(self, members: tuple[str, ...]) -> None:
+        missing = [m for m in members if m not in self.scores]
+        extra = [m for m in self.scores if m not in members]
+        if missing or extra:
+            raise ValueError(
+                f"the member scores cover {sorted(self.scores)} but the episode's members are "
+                f"{list(members)} (missing: {missing}, unknown: {extra}); score every member"
+            )

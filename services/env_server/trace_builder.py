@@ -26,8 +26,10 @@ class TraceBuilder:
         parent: str | None,
         content: str = "",
         is_observation: bool = False,
+        parse_error: bool = False,
     ) -> str:
-        """Appends a node under `parent` (None for a new root); returns its id."""
+        """Appends a node under `parent` (None for a new root); returns its id. `parse_error`
+        quarantines the node: it stays in the history, but its tokens never train."""
         if len(sampled_mask) != len(token_ids):
             raise ValueError(f"sampled_mask has {len(sampled_mask)} entries for {len(token_ids)} tokens")
         if len(logprobs) != sum(sampled_mask):
@@ -43,6 +45,7 @@ class TraceBuilder:
             parent=parent,
             content=content,
             is_observation=is_observation,
+            parse_error=parse_error,
         )
         self.nodes.append(node)
         self._by_id[node.id] = node

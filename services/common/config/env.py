@@ -36,7 +36,7 @@ class PoolConfig(Section):
 
 class EnvConfig(Section):
     id: str
-    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`) or
+    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`) or
     the import path `package.module:Class` of an Environment subclass. Required."""
 
     name: str | None = None

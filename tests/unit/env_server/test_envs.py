@@ -142,7 +142,7 @@ def test_tool_calc_scores_the_final_answer(tokenizer):
 
 
 def test_the_registry_knows_every_builtin_and_import_paths():
-    assert set(BUILTIN) == {"reverse-text", "alphabet-sort", "arithmetic", "tool-calc"}
+    assert set(BUILTIN) == {"reverse-text", "alphabet-sort", "arithmetic", "tool-calc", "debate"}
     for env_id in BUILTIN:
         assert make_env(env_id, {}).taskset.sizes["eval"] == 256
     assert resolve("rlrun.env_server.envs.arithmetic:Arithmetic") is Arithmetic
