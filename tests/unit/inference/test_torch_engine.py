@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from rlrun.common.errors import RequestError
 from rlrun.common.model import PackedCausal
@@ -241,3 +242,22 @@ async def test_a_failing_step_fails_its_requests_loudly_and_the_engine_carries_o
     assert engine.status().running_requests == 0
     [completion] = await engine.generate([5, 6], SamplingParams(max_tokens=4))
     assert len(completion.token_ids) == 4
+
+
+async def test_metrics_count_tokens_completions_and_the_version(engine):
+    def value(name, labels=None):
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    before = {
+        "generated": value("rlrun_inference_generated_tokens_total"),
+        "prompt": value("rlrun_inference_prompt_tokens_total"),
+        "length": value("rlrun_inference_completions_total", {"finish_reason": "length"}),
+        "ttft": value("rlrun_inference_time_to_first_token_seconds_count"),
+    }
+    await engine.generate([5, 6, 7], SamplingParams(max_tokens=5, temperature=1.0, n=2))
+    assert value("rlrun_inference_generated_tokens_total") - before["generated"] == 10
+    assert value("rlrun_inference_prompt_tokens_total") - before["prompt"] == 6
+    assert value("rlrun_inference_completions_total", {"finish_reason": "length"}) - before["length"] == 2
+    assert value("rlrun_inference_time_to_first_token_seconds_count") - before["ttft"] == 2
+    await engine.update_weights({k: v.clone() for k, v in engine.weight_specs().items()}, version=6)
+    assert value("rlrun_inference_policy_version") == 6
