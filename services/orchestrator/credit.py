@@ -20,6 +20,7 @@ from rlrun.orchestrator.algorithms import (
     builtin_names,
 )
 from rlrun.orchestrator.algorithms.env_owned import RunAlgorithms
+from rlrun.orchestrator.algorithms.registry import member_capable_names
 from rlrun.orchestrator.group import RolloutGroup
 
 
@@ -79,7 +80,8 @@ class CreditPipelines:
                 raise ConfigError(
                     spec.where,
                     f"env {spec.env!r} is multi-agent (members: {', '.join(spec.members)}) but algorithm "
-                    f"{algorithm_id!r} cannot handle members; pick one that does (e.g. sft, opd, opsd or an env-owned one)",
+                    f"{algorithm_id!r} cannot handle members; pick one that does ({', '.join(member_capable_names())}) "
+                    "or one the env owns",
                 )
             if algorithm_id not in self.instances:
                 self.instances[algorithm_id] = cls(args.get(algorithm_id, {}), deps)

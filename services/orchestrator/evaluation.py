@@ -3,6 +3,10 @@ pass@k), one result row per rollout, and a summary.
 
 The eval split's first `num_tasks` tasks per env are the eval set (the same every time); the
 warm start's dev set is the train split's first `dev_tasks` tasks, which training never samples.
+
+In a multi-agent eval, the env marks the learner's seat of every rollout (trace info
+`learner_seat`); the learner won a rollout when its seat's reward is positive (the rewards are
+winner-take-all), and the summary's `win_rate` is the share of rollouts it won.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlrun.common.types import TaskRef, Trace
-from rlrun.orchestrator.group import RolloutGroup
+from rlrun.orchestrator.group import LEARNER_SEAT, RolloutGroup
 from rlrun.orchestrator.rollouts import EnvRollouts, GroupFailure, run_group
 
 
@@ -47,7 +51,8 @@ def result_rows(groups: list[RolloutGroup]) -> list[dict]:
                     "task_idx": group.task.idx,
                     "example_id": trace.task.example_id,
                     "member_id": trace.member_id,
-                    "trained": trace.member_id in group.trained_members,
+                    "trained": group.trains(trace),
+                    "learner_seat": trace.info.get(LEARNER_SEAT),
                     "sample": sample,
                     "reward": trace.reward,
                     "rewards": {name: c.score for name, c in trace.rewards.items()},
@@ -64,7 +69,8 @@ def summarize(
     rows: list[dict], k: int, solved_threshold: float, failed_groups: int, name: str = "eval"
 ) -> dict[str, float]:
     """`<name>_reward`: the mean reward over the trained members' rollouts; pass@k: the fraction
-    of tasks where any of the k rollouts reaches `solved_threshold`; also per env."""
+    of tasks where any of the k rollouts reaches `solved_threshold`; also per env. With learner
+    seats (multi-agent), `win_rate`: the share of rollouts whose learner seat won."""
     scored = [r for r in rows if r["trained"]]
     by_task: dict[tuple[str, int], list[float]] = defaultdict(list)
     by_env: dict[str, list[float]] = defaultdict(list)
@@ -82,6 +88,9 @@ def summarize(
     }
     for env, rewards in by_env.items():
         summary[f"env/{env}/{name}_reward"] = float(np.mean(rewards))
+    learners = [r for r in rows if r.get("learner_seat") is not None and r["member_id"] == r["learner_seat"]]
+    if learners:
+        summary["win_rate"] = float(np.mean([r["reward"] > 0 for r in learners]))
     return summary
 
 

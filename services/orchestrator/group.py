@@ -7,6 +7,21 @@ from dataclasses import dataclass
 
 from rlrun.common.types import TaskRef, Trace
 
+LEARNER_SEAT = "learner_seat"
+"""Trace info key under which a multi-agent env marks the seat the learner played."""
+
+
+def learner_seat(trace: Trace) -> str:
+    """The seat the env marked as the learner's in this trace's rollout; an error without one."""
+    seat = trace.info.get(LEARNER_SEAT)
+    if not seat:
+        raise ValueError(
+            f"trace {trace.id!r} (env {trace.task.env!r}) has no `{LEARNER_SEAT}` in its info, but "
+            "orchestrator.multi_agent.filter_by_learner_seat is on; the env must mark the learner's "
+            "seat, or turn the filter off"
+        )
+    return seat
+
 
 @dataclass
 class RolloutGroup:
@@ -22,10 +37,17 @@ class RolloutGroup:
     temperatures: dict[str, float]
     """Per member: the sampling temperature fanned out over its samples' tokens (never 0)."""
     attempts: int = 1
+    learner_seat_only: bool = False
+    """Of the trained members, only the seat the env marked as the learner's trains."""
+
+    def trains(self, trace: Trace) -> bool:
+        if trace.member_id not in self.trained_members:
+            return False
+        return not self.learner_seat_only or learner_seat(trace) == trace.member_id
 
     @property
     def trained_traces(self) -> list[Trace]:
-        return [t for t in self.traces if t.member_id in self.trained_members]
+        return [t for t in self.traces if self.trains(t)]
 
     @property
     def policy_start(self) -> int:

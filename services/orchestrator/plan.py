@@ -74,12 +74,21 @@ def compile_plan(config: RunConfig, *, actor: str, sampling: SamplingParams) -> 
     return plan
 
 
-def trained_members(plan: GenerationPlan) -> frozenset[str]:
+JUDGE = "judge"
+"""Member id of a multi-agent env's judge (orchestrator.multi_agent.drop_judge)."""
+
+
+def trained_members(plan: GenerationPlan, drop_judge: bool = False) -> frozenset[str]:
     """Members whose traces train: the single target of a single-agent plan (whoever plays it,
-    the policy learns from it), or the `train` members of a multi-agent plan."""
+    the policy learns from it), or the `train` members of a multi-agent plan, less the judge
+    with `drop_judge`."""
     if not plan.is_multi_agent:
         return frozenset(plan.targets)
-    return frozenset(key for key, target in plan.targets.items() if target.role == "train")
+    return frozenset(
+        key
+        for key, target in plan.targets.items()
+        if target.role == "train" and not (drop_judge and key == JUDGE)
+    )
 
 
 def samples_live_policy(plan: GenerationPlan) -> bool:

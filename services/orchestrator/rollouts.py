@@ -28,6 +28,8 @@ class EnvRollouts:
     plan: plan_pb2.GenerationPlan
     trained_members: frozenset[str]
     temperatures: dict[str, float]
+    learner_seat_only: bool = False
+    """Train only the seat the env marked as the learner's (orchestrator.multi_agent.filter_by_learner_seat)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ async def run_group(
                     trained_members=target.trained_members,
                     temperatures=target.temperatures,
                     attempts=attempt,
+                    learner_seat_only=target.learner_seat_only,
                 )
             errors = "; ".join(f"{e.type}: {e.message}" for e in trace_errors(traces))
             if verdict is Verdict.FAIL:

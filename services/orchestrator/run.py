@@ -290,8 +290,9 @@ class Run:
                 env=key,
                 client=self.connections.envs[key],
                 plan=plan_to_proto(plan),
-                trained_members=trained_members(plan),
+                trained_members=trained_members(plan, self.orch.multi_agent.drop_judge),
                 temperatures=member_temperatures(plan, self.descriptions[key].temperature),
+                learner_seat_only=self.orch.multi_agent.filter_by_learner_seat,
             )
         return out
 
@@ -376,6 +377,7 @@ class Run:
         if orch.eval.enabled and self.state.rl_steps == 0 and self.state.eval_reward_start is None:
             summary = await self._evaluate(rl_step=0)
             self.state.eval_reward_start = summary["eval_reward"]
+            self.state.win_rate_start = summary.get("win_rate")
         plan = next(iter(self.plans.train.values()))
         phase = Phase(
             name="rl",
@@ -628,7 +630,10 @@ class Run:
             return False
         ev = self.orch.eval
         if ev.enabled and ((ev.interval and number % ev.interval == 0) or number == phase.max_steps):
-            line["eval_reward"] = (await self._evaluate(rl_step=number))["eval_reward"]
+            summary = await self._evaluate(rl_step=number)
+            line["eval_reward"] = summary["eval_reward"]
+            if "win_rate" in summary:
+                line["win_rate"] = summary["win_rate"]
         return False
 
     def _groups_dropped_stale(self) -> int:
@@ -791,6 +796,14 @@ class Run:
 
     def _summary(self) -> dict[str, Any]:
         state, last = self.state, self._last_eval
+        multi_agent = (
+            {
+                "win_rate_start": state.win_rate_start,
+                "win_rate_end": last.summary.get("win_rate") if last else None,
+            }
+            if self.orch.members
+            else {}
+        )
         return {
             "phase": self.status.phase,
             "steps": state.rl_steps,
@@ -807,5 +820,6 @@ class Run:
             "tokens_per_s": state.rl_tokens / state.rl_seconds if state.rl_seconds > 0 else 0.0,
             "rl_seconds": state.rl_seconds,
             "groups_dropped_stale": self._groups_dropped_stale(),
+            **multi_agent,
             "last_error": self.status.last_error,
         }

@@ -24,6 +24,8 @@ class OrchestratorState:
     algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per algorithm id, its state (e.g. running baselines)."""
     eval_reward_start: float | None = None
+    win_rate_start: float | None = None
+    """The learner seat's eval win rate before RL (multi-agent runs)."""
     train_reward_start: float | None = None
     dev_reward: float | None = None
     groups_dropped_stale: int = 0

@@ -244,6 +244,10 @@ class OrchestratorConfig(Section):
                 raise ValueError(f"orchestrator.members.{i}: a `train` member must use model `policy`")
         if self.members and not any(m.role == "train" for m in self.members):
             raise ValueError("orchestrator.members needs at least one member with role `train`")
+        if self.multi_agent.filter_by_learner_seat and not self.members:
+            raise ValueError(
+                "orchestrator.multi_agent.filter_by_learner_seat needs a multi-agent run (orchestrator.members)"
+            )
         warm = self.warm_start
         if warm.max_steps and warm.actor != "oracle" and warm.actor not in known:
             raise ValueError(

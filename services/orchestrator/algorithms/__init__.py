@@ -1,7 +1,8 @@
 """Algorithm registry: one module per builtin algorithm (grpo, max_rl, rl, sft, echo, opd,
-opsd), plus the adapter for env-owned algorithms. Importing this package registers them all."""
+opsd, ema_per_member), plus the adapter for env-owned algorithms. Importing this package
+registers them all."""
 
-from rlrun.orchestrator.algorithms import echo, grpo, max_rl, opd, opsd, rl, sft
+from rlrun.orchestrator.algorithms import echo, ema_per_member, grpo, max_rl, opd, opsd, rl, sft
 from rlrun.orchestrator.algorithms.base import Algorithm, AlgorithmDeps, Scorer
 from rlrun.orchestrator.algorithms.env_owned import BranchResult, EnvOwnedAlgorithms, apply_branch_results
 from rlrun.orchestrator.algorithms.registry import builtin, builtin_names
@@ -16,6 +17,7 @@ __all__ = [
     "builtin",
     "builtin_names",
     "echo",
+    "ema_per_member",
     "grpo",
     "max_rl",
     "opd",

@@ -21,3 +21,8 @@ def builtin(name: str) -> type[Algorithm] | None:
 
 def builtin_names() -> list[str]:
     return sorted(_BUILTIN)
+
+
+def member_capable_names() -> list[str]:
+    """Builtin ids defined for multi-agent groups (per-member traces)."""
+    return sorted(name for name, cls in _BUILTIN.items() if cls.handles_members)

@@ -33,9 +33,10 @@ def rl_values(trace, branch=0):
 
 
 def test_registry_lists_every_builtin_and_who_handles_members():
-    assert builtin_names() == ["echo", "grpo", "max_rl", "opd", "opsd", "rl", "sft"]
+    assert builtin_names() == ["echo", "ema_per_member", "grpo", "max_rl", "opd", "opsd", "rl", "sft"]
     assert {n: builtin(n).handles_members for n in builtin_names()} == {
         "echo": False,
+        "ema_per_member": True,
         "grpo": False,
         "max_rl": False,
         "opd": True,
