@@ -79,6 +79,9 @@ class BuiltStep:
     proto: training_pb2.TrainingBatch
     gen_seconds: float
     build_seconds: float
+    credit_state: dict[str, dict[str, Any]]
+    """The phase's algorithm state right after crediting this batch: what a checkpoint taken
+    once the batch trained saves (the next batch is already credited by then)."""
 
 
 @dataclass
@@ -209,6 +212,8 @@ class Run:
                 )
             )
         self.credit = CreditPipelines(specs, orch.algorithm_args, deps, self._run_algorithms)
+        # The RL algorithms' state as of the last RL batch that trained: what checkpoints save.
+        self._credit_state = self.credit.state_dict()
         self.warm_credit = (
             CreditPipelines(
                 [
@@ -328,6 +333,7 @@ class Run:
             state.trainer_step = trainer.step
         self.sampler.load_state(state.sampler)
         self.credit.load_state_dict(state.algorithms)
+        self._credit_state = state.algorithms
         self.state = state
         self._stale_before = state.groups_dropped_stale
         self._checkpointed_at = trainer.step
@@ -490,7 +496,13 @@ class Run:
                 proto = training_pb2.TrainingBatch(samples=[sample_to_proto(s) for s in batch.samples])
                 build_seconds = credit_seconds + time.monotonic() - build_started
                 metrics.BATCH_BUILD.observe(build_seconds)
-                return BuiltStep(batch, proto, build_started - started - credit_seconds, build_seconds)
+                return BuiltStep(
+                    batch,
+                    proto,
+                    build_started - started - credit_seconds,
+                    build_seconds,
+                    phase.credit.state_dict(),
+                )
             metrics.EMPTY_BATCHES.inc()
             rates = ", ".join(
                 f"{k.removeprefix('filter/').removesuffix('_ratio')} flagged {v:.0%}"
@@ -555,6 +567,7 @@ class Run:
             self.state.warmup_steps += 1
         else:
             self.state.rl_steps += 1
+            self._credit_state = outcome.built.credit_state
         number = self._phase_steps(phase)
         tokens = batch.generated_tokens
         line: dict[str, Any] = {
@@ -764,7 +777,7 @@ class Run:
         state = self.state
         state.trainer_step, state.policy_version = self.trainer_step, self.version
         state.sampler = self.sampler.state()
-        state.algorithms = self.credit.state_dict()
+        state.algorithms = self._credit_state
         state.groups_dropped_stale = self._groups_dropped_stale()
         path = await self.connections.trainer.save_checkpoint(state.to_bytes())
         self._checkpointed_at = self.trainer_step
