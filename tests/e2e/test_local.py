@@ -19,7 +19,11 @@ def rlrun_local(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "rlrun.cli", "local", *args, "--no-progress"],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env,
     )
 
 
@@ -32,8 +36,17 @@ def rlrun_children(run_dir: Path) -> list[int]:
 
 def test_short_run_learns_and_writes_its_outputs(tmp_path):
     out = tmp_path / "run"
-    result = rlrun_local(str(DEMO), "--output-dir", str(out), "--max-steps", "20",
-                         "--set", "orchestrator.eval.interval=10", "--set", "orchestrator.eval.num_tasks=128")
+    result = rlrun_local(
+        str(DEMO),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "20",
+        "--set",
+        "orchestrator.eval.interval=10",
+        "--set",
+        "orchestrator.eval.num_tasks=128",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert SUMMARY_KEYS <= set(summary)
@@ -65,9 +78,23 @@ def test_a_child_that_dies_is_named_and_nothing_is_left_behind(tmp_path):
 def test_ctrl_c_stops_every_service(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "rlrun.cli", "local", str(DEMO), "--output-dir", str(tmp_path / "run"),
-         "--no-progress", "--max-steps", "1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+        [
+            sys.executable,
+            "-m",
+            "rlrun.cli",
+            "local",
+            str(DEMO),
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+            "--max-steps",
+            "1000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
     )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
