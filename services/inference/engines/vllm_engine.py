@@ -154,6 +154,21 @@ def nccl_tensor_specs(
     ]
 
 
+def tensor_payload(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
+    """(name, torch dtype name, shape, raw bytes) per tensor: what `collective_rpc` can carry
+    to vLLM's worker processes (they pickle their arguments, and tensors' memoryviews do not
+    pickle). `vllm_worker.tensors_from_payload` is the inverse."""
+    return [
+        (
+            name,
+            str(t.dtype).removeprefix("torch."),
+            list(t.shape),
+            t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(),
+        )
+        for name, t in tensors.items()
+    ]
+
+
 def meta_tensors(config: RunConfig) -> dict[str, torch.Tensor]:
     """The model's broadcast tensors on the meta device: names, dtypes, shapes, no memory."""
     with torch.device("meta"):
@@ -293,7 +308,8 @@ class VllmEngine(Engine):
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         self._check_version(version)
         started = time.perf_counter()
-        await self._llm.collective_rpc("rlrun_load_weights", args=(list(tensors.items()),))
+        payload = await asyncio.to_thread(tensor_payload, tensors)
+        await self._llm.collective_rpc("rlrun_load_weights", args=(payload,))
         await self._llm.reset_prefix_cache()
         return self._applied(version, started)
 

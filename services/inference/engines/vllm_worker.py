@@ -13,23 +13,41 @@ The NCCL weight broadcast, as the trainer must drive it:
    the group as rank + its vLLM world rank (`StatelessProcessGroup` + `PyNcclCommunicator`);
    the trainer joins as rank 0 with the same two classes.
 4. The trainer broadcasts each tensor from rank 0, in header order, with the header's
-   dtype and shape; workers load each one with the model's own `load_weights`.
+   dtype and shape; workers load them as they arrive (vLLM's in-place `reload_weights`,
+   or the model's `load_weights` on older vLLM).
 5. UpdateWeights returns once every tensor is loaded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 
 
-class RlrunWorkerExtension:
-    """`self` is a vLLM GPU worker: it has `device` and `model_runner.model`."""
+def tensors_from_payload(payload: list[tuple[str, str, list[int], bytes]]) -> list[tuple[str, torch.Tensor]]:
+    """The inverse of `vllm_engine.tensor_payload`: (name, tensor) pairs on the CPU."""
+    return [
+        (name, torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape))
+        for name, dtype, shape, data in payload
+    ]
 
-    def rlrun_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Loads Hugging Face-named tensors received over gRPC."""
-        weights = [(name, tensor.to(self.device, non_blocking=True)) for name, tensor in named_tensors]
-        self.model_runner.model.load_weights(weights=weights)
-        torch.cuda.synchronize(self.device)
+
+class RlrunWorkerExtension:
+    """`self` is a vLLM GPU worker: it has `device` and `model_runner`."""
+
+    def _rlrun_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # reload_weights (recent vLLM) restores each layer's loader and re-runs its
+        # post-load processing (repacking, quantization), which plain load_weights cannot
+        # do once a backend has replaced the parameters; older vLLM only has load_weights.
+        if hasattr(self.model_runner, "reload_weights"):
+            self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        else:
+            self.model_runner.model.load_weights(weights=weights)
+
+    def rlrun_load_weights(self, payload: list[tuple[str, str, list[int], bytes]]) -> None:
+        """Loads Hugging Face-named tensors received over gRPC (see `tensors_from_payload`)."""
+        self._rlrun_load([(name, tensor.to(self.device)) for name, tensor in tensors_from_payload(payload)])
 
     def rlrun_join_weight_group(self, host: str, port: int, world_size: int, first_rank: int) -> None:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
@@ -41,10 +59,15 @@ class RlrunWorkerExtension:
         self.rlrun_weight_group = PyNcclCommunicator(group, device=self.device)
 
     def rlrun_receive_weights(self, specs: list[tuple[str, str, list[int]]]) -> None:
-        """Receives each announced tensor from rank 0 of the weight group and loads it."""
+        """Receives each announced tensor from rank 0 of the weight group, in header order,
+        and loads them as they arrive."""
         communicator = self.rlrun_weight_group
-        for name, dtype, shape in specs:
-            buffer = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            communicator.broadcast(buffer, src=0, stream=torch.cuda.current_stream())
-            self.model_runner.model.load_weights(weights=[(name, buffer)])
+
+        def received() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, dtype, shape in specs:
+                buffer = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+                communicator.broadcast(buffer, src=0, stream=torch.cuda.current_stream())
+                yield name, buffer
+
+        self._rlrun_load(received())
         torch.cuda.synchronize(self.device)
