@@ -1,5 +1,6 @@
 """The vLLM engine's translation to and from vLLM's types, on CPU without vLLM installed."""
 
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,9 @@ from rlrun.inference.engines.vllm_engine import (
     nccl_tensor_specs,
     prompt_scores,
     sampling_kwargs,
+    tensor_payload,
 )
+from rlrun.inference.engines.vllm_worker import tensors_from_payload
 from rlrun.v1 import weights_pb2
 
 from .conftest import REPO, tiny_model
@@ -132,3 +135,17 @@ def test_nccl_specs_follow_the_header_and_refuse_a_mismatch(config):
     with pytest.raises(RequestError) as caught:
         nccl_tensor_specs(header, expected)
     assert caught.value.field == "header.tensors"
+
+
+def test_weight_payloads_round_trip_every_dtype():
+    tensors = {
+        "a": torch.randn(3, 4),
+        "b": torch.randn(5).to(torch.bfloat16),
+        "c": torch.randn(2, 2, 2).to(torch.float16),
+    }
+    payload = tensor_payload(tensors)
+    assert all(isinstance(data, bytes) for *_, data in payload)
+    restored = dict(tensors_from_payload(pickle.loads(pickle.dumps(payload))))
+    for name, tensor in tensors.items():
+        assert restored[name].dtype == tensor.dtype
+        assert torch.equal(restored[name], tensor)
