@@ -4,7 +4,9 @@
   `eval`); every line has `step` (the step count of its phase), `trainer_step` and `phase`.
 - `eval/step_<N>.jsonl` (eval after N RL steps) and `eval/dev_step_<N>.jsonl` (warm-start dev
   check after N warm steps): one line per rollout.
-- `rollouts/step_<N>.jsonl` when `orchestrator.save_rollouts_interval` is set: every trace.
+- `rollouts/step_<N>.jsonl` when `orchestrator.save_rollouts_interval` is set: every trace, in
+  the proto's JSON mapping except the task's `exampleId`, which is the id itself (an int stays
+  an int, a str a str).
 - `summary.json` at the end, `error.txt` when the run failed.
 
 A fresh run first clears what an older run left there; a resumed run keeps what belongs to the
@@ -18,6 +20,11 @@ import math
 import shutil
 from pathlib import Path
 from typing import Any
+
+from google.protobuf import json_format
+
+from rlrun.common.types import Trace
+from rlrun.common.wire import trace_to_proto
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -34,6 +41,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
+
+
+def trace_row(trace: Trace) -> dict[str, Any]:
+    row = json_format.MessageToDict(trace_to_proto(trace))
+    if trace.task.example_id is not None:
+        row["task"]["exampleId"] = trace.task.example_id
+    return row
 
 
 class RunOutputs:

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.types import Trace
-from rlrun.common.wire import plan_to_proto, sample_to_proto, trace_to_proto
+from rlrun.common.wire import plan_to_proto, sample_to_proto
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.algorithms import AlgorithmDeps, BranchResult
 from rlrun.orchestrator.batching import LOW_TRAIN_FRACTION, BuiltBatch, build_batch
@@ -35,7 +34,7 @@ from rlrun.orchestrator.env_client import EnvDescription
 from rlrun.orchestrator.evaluation import eval_tasks, run_eval
 from rlrun.orchestrator.filters import RolloutFilters
 from rlrun.orchestrator.group import RolloutGroup
-from rlrun.orchestrator.outputs import EVAL_DIR, ROLLOUTS_DIR, RunOutputs
+from rlrun.orchestrator.outputs import EVAL_DIR, ROLLOUTS_DIR, RunOutputs, trace_row
 from rlrun.orchestrator.plan import compile_plans, member_temperatures, samples_live_policy, trained_members
 from rlrun.orchestrator.rollouts import EnvRollouts
 from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
@@ -603,7 +602,7 @@ class Run:
                 self.outputs.write_rows(
                     ROLLOUTS_DIR,
                     f"step_{number}",
-                    [json_format.MessageToDict(trace_to_proto(t)) for g in batch.groups for t in g.traces],
+                    [trace_row(t) for g in batch.groups for t in g.traces],
                 )
         end_phase = await self._evals_due(phase, number, line)
         self.outputs.append_metrics(line)

@@ -10,6 +10,7 @@ import pytest
 
 from rlrun.common.errors import RequestError
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, TraceError
+from rlrun.common.wire import trace_from_proto, trace_to_proto
 from rlrun.env_server.channels import public_text
 from rlrun.env_server.conversation import Conversation
 from rlrun.env_server.environment import Environment
@@ -19,6 +20,7 @@ from rlrun.env_server.harnesses import TurnHarness
 from rlrun.env_server.multi_agent import MultiAgentEpisode, learner_seat
 from rlrun.env_server.rollout import RolloutJob, Runtime, error_traces, run_rollouts, start_episodes
 from rlrun.env_server.task import MemberScores, Score, Task
+from rlrun.env_server.taskset import Taskset
 
 TASK = Task("train", 0, "q0", "1+1", {"answer": "2"})
 
@@ -356,3 +358,22 @@ def test_rule_targets_need_an_env_with_rules(debate_host):
         debate_host.check_plan(debate_plan("debater_a", "debater_b", "judge"))
     assert caught.value.field == "plan.targets[0].model.kind"
     debate_host.check_plan(debate_plan("debater_a", "debater_b", "judge", kind="inference"))
+
+
+class IntIds(Taskset):
+    """Example ids that are ints, as an env's own taskset may give them."""
+
+    @property
+    def sizes(self):
+        return {"train": 10, "eval": 1}
+
+    def get(self, split, idx):
+        return Task(split, idx, 100 + idx, "1+1", {"answer": "2"})
+
+
+async def test_int_example_ids_stay_ints_through_traces_and_the_wire(tokenizer):
+    env = Duel()
+    env.taskset = IntIds()
+    traces = await run_duel(env, tokenizer)
+    assert {t.task.example_id for t in traces} == {105}
+    assert all(trace_from_proto(trace_to_proto(t)).task.example_id == 105 for t in traces)

@@ -13,6 +13,7 @@ from rlrun.common.types import TaskRef
 from rlrun.orchestrator.algorithms import AlgorithmDeps, builtin
 from rlrun.orchestrator.credit import CreditPipelines, EnvAlgorithmSpec
 from rlrun.orchestrator.evaluation import result_rows, summarize
+from rlrun.orchestrator.outputs import trace_row
 from rlrun.orchestrator.plan import compile_plans, trained_members
 from rlrun.orchestrator.state import OrchestratorState
 
@@ -263,7 +264,10 @@ def test_the_win_rate_counts_the_rollouts_the_learner_seat_won(build):
     assert "win_rate" not in summarize(single, k=1, solved_threshold=1.0, failed_groups=0)
 
 
-def test_eval_rows_keep_int_and_str_example_ids(build):
+def test_json_outputs_keep_int_and_str_example_ids(build):
     traces = [keyed(build, "i", 1.0, example=7), keyed(build, "s", 1.0, example="7")]
     rows = json.loads(json.dumps(result_rows([members_group(build, traces)])))
     assert [r["example_id"] for r in rows] == [7, "7"]
+    saved = [json.loads(json.dumps(trace_row(t))) for t in traces]
+    assert [r["task"]["exampleId"] for r in saved] == [7, "7"]
+    assert saved[0]["memberId"] == "debater_a" and saved[0]["id"] == "i"
