@@ -122,13 +122,13 @@ def start_episodes(env: Environment, job: RolloutJob, runtime: Runtime) -> list[
         for member, target in targets.items()
         if target.model.kind != "rule"
     }
+    roles = {member: target.role for member, target in targets.items()}
     episodes = []
     for index in range(len(job.rollout_ids)):
         conversations = {}
         for member in targets:
             conversations[member] = Conversation(runtime.tokenizer)
             conversations[member].add_prompt(*env.member_prompt(job.task, member))
-        roles = {member: target.role for member, target in targets.items()}
         episode = MultiAgentEpisode(job.task, conversations, dict(shared), roles, index)
         for member, target in targets.items():
             if target.model.kind == "rule":
