@@ -62,7 +62,9 @@ class BatchSampler:
             noise = torch.empty_like(candidates).exponential_(generator=generator)
             for row, row_generator in self.seeded:
                 noise[row].exponential_(generator=row_generator)
-            tokens = (candidates - noise.log()).argmax(dim=-1)
+            # exponential_ may return exactly 0; its log would make that token win outright
+            # (and turn a truncated token's -inf into NaN, which argmax would pick).
+            tokens = (candidates - noise.clamp_(min=torch.finfo(noise.dtype).tiny).log()).argmax(dim=-1)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
         return tokens, logprobs.gather(1, tokens[:, None])[:, 0]

@@ -72,3 +72,14 @@ def test_seeded_rows_repeat_whatever_else_is_in_the_batch():
 
     draws = {seeded_draw(seed) for seed in range(6)}
     assert len(draws) == 1
+
+
+def test_a_zero_exponential_draw_never_picks_a_truncated_token(monkeypatch):
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+
+    def zeros(self, generator=None):
+        return self.fill_(0.0)
+
+    monkeypatch.setattr(torch.Tensor, "exponential_", zeros)
+    tokens, _ = BatchSampler([RowSettings(1.0, top_k=2)]).sample(logits, None)
+    assert tokens.item() in (0, 1)

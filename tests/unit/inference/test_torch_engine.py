@@ -261,3 +261,24 @@ async def test_metrics_count_tokens_completions_and_the_version(engine):
     assert value("rlrun_inference_time_to_first_token_seconds_count") - before["ttft"] == 2
     await engine.update_weights({k: v.clone() for k, v in engine.weight_specs().items()}, version=6)
     assert value("rlrun_inference_policy_version") == 6
+
+
+async def test_first_tokens_follow_the_models_distribution(model):
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60)  # a peaked distribution, so that a wrong sampler shows
+    engine = TorchEngine(
+        model, model_name="tiny", max_model_len=MAX_MODEL_LEN, max_batch_size=64, max_waiting=4096, seed=0
+    )
+    await engine.start()
+    try:
+        prompt = [3, 70, 71, 72, 1, 4]
+        results = await asyncio.gather(
+            *[engine.generate(prompt, SamplingParams(max_tokens=1, n=8)) for _ in range(500)]
+        )
+    finally:
+        await engine.stop()
+    counts = torch.bincount(
+        torch.tensor([c.token_ids[0] for r in results for c in r]), minlength=model.config.vocab_size
+    )
+    expected = torch.softmax(full_forward(model, prompt)[-1], -1)
+    torch.testing.assert_close(counts / counts.sum(), expected, atol=0.03, rtol=0)
