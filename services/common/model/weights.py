@@ -4,10 +4,10 @@ WeightChunks of at most 4 MiB, guarded by total_bytes and a crc32 checksum."""
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
 from rlrun.common.types import WireError
@@ -131,6 +131,7 @@ class WeightAssembler:
         self.buffer = bytearray(size)
         self.received = 0
         self.next_index = 0
+        self.checksum = 0
 
     def add(self, chunk: weights_pb2.WeightChunk) -> None:
         if chunk.version != self.header.version:
@@ -146,26 +147,28 @@ class WeightAssembler:
         if end > len(self.buffer):
             raise WireError("chunk.data", f"chunks carry more than header.total_bytes ({len(self.buffer)})")
         self.buffer[self.received : end] = chunk.data
+        # Checksummed as it arrives, so finish() does not make a second pass over the bytes.
+        self.checksum = zlib.crc32(chunk.data, self.checksum)
         self.received = end
         self.next_index += 1
 
     def finish(self) -> dict[str, torch.Tensor]:
-        """The received tensors, after the length and checksum checks."""
+        """The received tensors (views of the receive buffer), after the length and checksum checks."""
         if self.received != len(self.buffer):
             raise WireError("chunks", f"stream ended after {self.received} of {len(self.buffer)} bytes")
-        checksum = zlib.crc32(self.buffer)
-        if checksum != self.header.checksum:
+        if self.checksum != self.header.checksum:
             raise WireError(
-                "header.checksum", f"checksum mismatch: header {self.header.checksum}, data {checksum}"
+                "header.checksum", f"checksum mismatch: header {self.header.checksum}, data {self.checksum}"
             )
         out: dict[str, torch.Tensor] = {}
         offset = 0
-        raw = np.frombuffer(self.buffer, dtype=np.uint8)
         for spec in self.header.tensors:
             dtype = PB_TO_TORCH[spec.dtype]
-            count = int(np.prod(spec.shape)) if len(spec.shape) else 1
-            nbytes = count * torch.empty((), dtype=dtype).element_size()
-            piece = torch.from_numpy(raw[offset : offset + nbytes].copy())
-            out[spec.name] = piece.view(dtype).reshape(tuple(spec.shape))
-            offset += nbytes
+            count = math.prod(spec.shape)
+            if count:
+                flat = torch.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset)
+            else:
+                flat = torch.empty(0, dtype=dtype)
+            out[spec.name] = flat.reshape(tuple(spec.shape))
+            offset += count * flat.element_size()
         return out

@@ -22,9 +22,11 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie counts as gone
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
+    try:  # a zombie counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:  # reaped between the two looks
+        return False
 
 
 def test_reads_the_address_from_the_ready_line_and_stops_everything(tmp_path):
