@@ -10,8 +10,8 @@ the figure of merit is the measured speed-up as a fraction of that bound.
 from __future__ import annotations
 
 import argparse
-import json
 
+from rlrun.bench import emit_result
 from rlrun.bench.local_runs import DEMO_CONFIG, run_local, timing_overrides
 
 
@@ -45,8 +45,4 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"speed-up {speedup:.2f}x of a possible {bound:.2f}x: ratio_vs_bound = {speedup / bound:.2f} (target >= 0.9)"
     )
-    line = json.dumps(result)
-    if args.output:
-        args.output.write_text(line + "\n")
-    print(line)
-    return 0
+    return emit_result(result, args)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import grpc
 
+from rlrun.bench import emit_result
 from rlrun.common.config import load_config
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.env_server.envs.reverse_text import ReverseText
@@ -217,9 +217,4 @@ def main(args: argparse.Namespace) -> int:
         f"single rollouts one at a time: Generate {result['single_direct_ms']:.2f} ms, RunRollout "
         f"{result['single_env_server_ms']:.2f} ms, overhead {result['overhead_per_single_rollout_ms']:.2f} ms"
     )
-    line = json.dumps(result)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(line + "\n")
-    print(line)
-    return 0
+    return emit_result(result, args)

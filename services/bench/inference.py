@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from rlrun.bench import emit_result
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import SlotKVCache, arch_dict, build_model
@@ -287,9 +287,4 @@ def main(args: argparse.Namespace) -> int:
         f"weight update {result['weight_update_s'] * 1e3:.2f} ms vs raw stream {result['raw_stream_s'] * 1e3:.2f} ms "
         f"of {result['weight_bytes']} bytes: ratio {result['weights_ratio_vs_raw']:.3f} (target >= 0.8)"
     )
-    line = json.dumps(result)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(line + "\n")
-    print(line)
-    return 0
+    return emit_result(result, args)

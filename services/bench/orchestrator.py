@@ -32,6 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
+from rlrun.bench import emit_result
 from rlrun.common.config import FiltersConfig, load_config
 from rlrun.common.types import Branch, MessageNode, TaskRef, Trace
 from rlrun.common.wire import sample_to_proto
@@ -294,12 +295,7 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"  as the demo recorded it (batch_build_seconds / step_seconds): {result['recorded_share_of_step']:.2%}"
         )
-    line = json.dumps(result)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(line + "\n")
-    print(line)
-    return 0
+    return emit_result(result, args)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
+from rlrun.bench import emit_result
 from rlrun.bench.local_runs import DEMO_CONFIG, run_local, timing_overrides
 from rlrun.common.config import load_config
 from rlrun.common.model.weights import broadcast_tensors
@@ -99,8 +99,4 @@ def main(args: argparse.Namespace) -> int:
         f"in-process loop {result['in_process_step_ms']:.1f} ms/step, rlrun local stack "
         f"{result['stack_step_ms']:.1f} ms/step: {result['stack_vs_in_process']:.2f}x (target <= 1.5)"
     )
-    line = json.dumps(result)
-    if args.output:
-        args.output.write_text(line + "\n")
-    print(line)
-    return 0
+    return emit_result(result, args)

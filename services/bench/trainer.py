@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from rlrun.bench import emit_result
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
@@ -267,9 +267,4 @@ def main(args: argparse.Namespace) -> int:
         f"raw/trainer = {broadcast['broadcast_ratio_vs_raw']:.3f} (target >= 0.8)   "
         f"prebuilt/trainer = {broadcast['broadcast_ratio_vs_prebuilt']:.3f}"
     )
-    line = json.dumps(result)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(line + "\n")
-    print(line)
-    return 0
+    return emit_result(result, args)
