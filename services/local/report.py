@@ -17,15 +17,20 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def write_reward_plot(run_dir: Path) -> Path | None:
-    """reward_curve.png: train and eval reward against step (None when nothing was logged)."""
-    rows = read_metrics(run_dir)
+def reward_series(rows: list[dict]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(step, train reward) of every RL step and (step, eval reward) of every eval."""
     train = [
         (r["step"], r["reward_mean"])
         for r in rows
-        if r.get("phase") != "warmup" and r.get("reward_mean") is not None
+        if r.get("phase") == "rl" and r.get("reward_mean") is not None
     ]
-    evals = [(r["step"], r["eval_reward"]) for r in rows if r.get("eval_reward") is not None]
+    evals = [(r["step"], r["eval_reward"]) for r in rows if r.get("phase") == "eval"]
+    return train, evals
+
+
+def write_reward_plot(run_dir: Path) -> Path | None:
+    """reward_curve.png: train and eval reward against step (None when nothing was logged)."""
+    train, evals = reward_series(read_metrics(run_dir))
     if not train and not evals:
         return None
     import matplotlib

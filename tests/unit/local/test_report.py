@@ -2,7 +2,7 @@
 
 import json
 
-from rlrun.local.report import SUMMARY_KEYS, final_summary, write_reward_plot
+from rlrun.local.report import SUMMARY_KEYS, final_summary, read_metrics, reward_series, write_reward_plot
 from rlrun.v1 import orchestrator_pb2
 
 
@@ -15,11 +15,14 @@ def test_plot_has_train_and_eval_curves(tmp_path):
         tmp_path,
         [
             {"step": 0, "phase": "warmup", "reward_mean": 0.1},
-            {"step": 0, "phase": "rl", "reward_mean": 0.5, "eval_reward": 0.55},
+            {"step": 0, "phase": "eval", "eval_reward": 0.55},
             {"step": 1, "phase": "rl", "reward_mean": 0.7},
             {"step": 2, "phase": "rl", "reward_mean": 0.9, "eval_reward": 0.95},
+            {"step": 2, "phase": "eval", "eval_reward": 0.95},
         ],
     )
+    # Warm-start rewards stay off the RL curve, and each eval is drawn once.
+    assert reward_series(read_metrics(tmp_path)) == ([(1, 0.7), (2, 0.9)], [(0, 0.55), (2, 0.95)])
     path = write_reward_plot(tmp_path)
     assert path == tmp_path / "reward_curve.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
