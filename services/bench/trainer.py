@@ -12,7 +12,7 @@
    iteration's ratio compares neighbouring runs (so load from other processes hits both sides
    alike), and every figure is a median over iterations.
 2. Broadcast throughput, into the same in-process sink that only counts bytes. The trainer's
-   gRPC weight broadcast (tensors to header and chunks, crc32 included, then the UpdateWeights
+   gRPC weight broadcast (tensors to header and chunks, checksum included, then the UpdateWeights
    stream) against a raw UpdateWeights stream of the same bytes: a client holding the weight
    bytes in one buffer, cutting 4 MiB chunk messages as it streams (`broadcast_ratio_vs_raw`,
    target >= 0.8); and, stricter, against streaming already built messages

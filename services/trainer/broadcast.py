@@ -91,12 +91,17 @@ class GrpcWeightBroadcaster:
         options = replica_client_options(client, config)
         self.channels = {address: open_channel(address, options) for address in addresses}
 
-    async def _send(self, address: str, messages: list, total_bytes: int) -> ReplicaResult:
+    async def _send(
+        self, address: str, tensors: dict[str, torch.Tensor], version: int, total_bytes: int
+    ) -> ReplicaResult:
         stub = inference_pb2_grpc.InferenceServiceStub(self.channels[address])
         started = time.perf_counter()
+        chunk_bytes = int(self.config.chunk_mb * 2**20)
 
         async def attempt():
-            return await stub.UpdateWeights(iter(messages), timeout=self.config.timeout_s)
+            # Chunks are cut while the stream goes out, as a raw client would, not built up front.
+            messages = iter_update_messages(tensors, version, chunk_bytes)
+            return await stub.UpdateWeights(messages, timeout=self.config.timeout_s)
 
         response, error = await retry_unavailable(address, attempt, self.config.retries)
         seconds = time.perf_counter() - started
@@ -108,10 +113,10 @@ class GrpcWeightBroadcaster:
     async def broadcast(self, tensors: dict[str, torch.Tensor], version: int) -> list[ReplicaResult]:
         if not self.channels:
             return []
-        chunk_bytes = int(self.config.chunk_mb * 2**20)
-        messages = await asyncio.to_thread(lambda: list(iter_update_messages(tensors, version, chunk_bytes)))
-        total_bytes = messages[0].header.total_bytes
-        return list(await asyncio.gather(*(self._send(a, messages, total_bytes) for a in self.channels)))
+        total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        return list(
+            await asyncio.gather(*(self._send(a, tensors, version, total_bytes) for a in self.channels))
+        )
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self.channels.values()))

@@ -1,10 +1,10 @@
 """The weight-broadcast stream: chunking, and every check the receiver makes before applying."""
 
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from rlrun.common.config import ModelConfig
 from rlrun.common.model import build_model
@@ -76,7 +76,9 @@ def test_receiver_rejects_mismatches():
 def test_receiver_rejects_broken_streams():
     tensors = broadcast_tensors(model(1))
     messages = list(iter_update_messages(tensors, 3, chunk_bytes=100_000))
-    assert messages[0].header.checksum == zlib.crc32(b"".join(m.chunk.data for m in messages[1:]))
+    assert messages[0].header.checksum == xxhash.xxh3_64_intdigest(
+        b"".join(m.chunk.data for m in messages[1:])
+    )
     with pytest.raises(WireError, match="stream ended"):
         receive(messages[:-1], tensors)
     corrupted = list(iter_update_messages(tensors, 3, chunk_bytes=100_000))
