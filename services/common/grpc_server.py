@@ -279,12 +279,18 @@ def _metadata_value(metadata, key: str) -> str | None:
     return None
 
 
+_MAX_TRACKED_HANDLERS = 1024
+
+
 class _ServerInterceptor(grpc.aio.ServerInterceptor):
     """Bearer-token check plus in-flight accounting."""
 
     def __init__(self, auth_token: str | None, in_flight: _InFlight) -> None:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
         self._in_flight = in_flight
+        # The tracked handler of each method handler, built once: the handlers the server
+        # resolves are the same objects call after call.
+        self._tracked: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     def _authorized(self, metadata) -> str | None:
         """None when the call may proceed, else the reason it may not."""
@@ -304,15 +310,22 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        kind, behavior = _handler_behavior(handler)
         denied = self._authorized(handler_call_details.invocation_metadata)
         if denied is not None:
 
             async def deny(request, context):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, denied)
 
+            kind, _ = _handler_behavior(handler)
             return _rebuild(handler, kind, deny)
-        return _rebuild(handler, kind, self._track(behavior))
+        cached = self._tracked.get(id(handler))
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        kind, behavior = _handler_behavior(handler)
+        tracked = _rebuild(handler, kind, self._track(behavior))
+        if len(self._tracked) < _MAX_TRACKED_HANDLERS:  # bounded, should a handler be built per call
+            self._tracked[id(handler)] = (handler, tracked)
+        return tracked
 
     def _track(self, behavior):
         in_flight = self._in_flight

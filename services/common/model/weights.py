@@ -5,7 +5,6 @@ enough that checking costs a few percent of the stream, unlike crc32)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -98,18 +97,20 @@ class WeightAssembler:
     WireError before anything is applied."""
 
     def __init__(self, header: weights_pb2.WeightUpdateHeader, expected: dict[str, torch.Tensor]):
-        names = [spec.name for spec in header.tensors]
+        specs = list(header.tensors)
+        names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise WireError("header.tensors", "header.tensors has duplicate names")
-        missing = sorted(set(expected) - set(names))
-        unknown = sorted(set(names) - set(expected))
-        if missing or unknown:
+        if len(names) != len(expected) or not all(name in expected for name in names):
+            missing = sorted(set(expected) - set(names))
+            unknown = sorted(set(names) - set(expected))
             raise WireError(
                 "header.tensors",
                 f"header.tensors does not match the model: missing {missing[:5]}, unknown {unknown[:5]}",
             )
         size = 0
-        for i, spec in enumerate(header.tensors):
+        layout: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
+        for i, spec in enumerate(specs):
             target = expected[spec.name]
             dtype = PB_TO_TORCH.get(spec.dtype)
             if dtype != target.dtype:
@@ -117,18 +118,22 @@ class WeightAssembler:
                     f"header.tensors[{i}].dtype",
                     f"header.tensors[{i}] ({spec.name}) has dtype {dtype}, the model has {target.dtype}",
                 )
-            if tuple(spec.shape) != tuple(target.shape):
+            shape = tuple(spec.shape)
+            if shape != target.shape:
                 raise WireError(
                     f"header.tensors[{i}].shape",
-                    f"header.tensors[{i}] ({spec.name}) has shape {tuple(spec.shape)}, the model has {tuple(target.shape)}",
+                    f"header.tensors[{i}] ({spec.name}) has shape {shape}, the model has {tuple(target.shape)}",
                 )
-            size += target.numel() * target.element_size()
+            count = target.numel()
+            layout.append((spec.name, dtype, shape, count))
+            size += count * target.element_size()
         if header.total_bytes != size:
             raise WireError(
                 "header.total_bytes",
                 f"header.total_bytes is {header.total_bytes} but the tensors need {size}",
             )
         self.header = header
+        self._layout = layout
         self.buffer = bytearray(size)
         self.received = 0
         self.next_index = 0
@@ -142,14 +147,16 @@ class WeightAssembler:
             )
         if chunk.index != self.next_index:
             raise WireError("chunk.index", f"chunk.index is {chunk.index}, expected {self.next_index}")
-        if len(chunk.data) > MAX_CHUNK_BYTES:
-            raise WireError("chunk.data", f"chunk {chunk.index} has {len(chunk.data)} bytes, more than 4 MiB")
-        end = self.received + len(chunk.data)
+        # Read once: every read of a bytes field builds a new copy of the payload.
+        data = chunk.data
+        if len(data) > MAX_CHUNK_BYTES:
+            raise WireError("chunk.data", f"chunk {chunk.index} has {len(data)} bytes, more than 4 MiB")
+        end = self.received + len(data)
         if end > len(self.buffer):
             raise WireError("chunk.data", f"chunks carry more than header.total_bytes ({len(self.buffer)})")
-        self.buffer[self.received : end] = chunk.data
+        self.buffer[self.received : end] = data
         # Checksummed as it arrives, so finish() does not make a second pass over the bytes.
-        self.digest.update(chunk.data)
+        self.digest.update(data)
         self.received = end
         self.next_index += 1
 
@@ -162,15 +169,22 @@ class WeightAssembler:
             raise WireError(
                 "header.checksum", f"checksum mismatch: header {self.header.checksum}, data {checksum}"
             )
+        layout = self._layout
+        dtypes = {dtype for _, dtype, _, _ in layout}
+        if len(dtypes) == 1 and self.buffer:
+            # One dtype (the usual case): one view of the buffer, split into every tensor at once.
+            flat = torch.frombuffer(self.buffer, dtype=dtypes.pop())
+            pieces = flat.split([count for _, _, _, count in layout])
+            return {
+                name: piece.view(shape) for (name, _, shape, _), piece in zip(layout, pieces, strict=True)
+            }
         out: dict[str, torch.Tensor] = {}
         offset = 0
-        for spec in self.header.tensors:
-            dtype = PB_TO_TORCH[spec.dtype]
-            count = math.prod(spec.shape)
+        for name, dtype, shape, count in layout:
             if count:
                 flat = torch.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset)
             else:
                 flat = torch.empty(0, dtype=dtype)
-            out[spec.name] = flat.reshape(tuple(spec.shape))
+            out[name] = flat.reshape(shape)
             offset += count * flat.element_size()
         return out

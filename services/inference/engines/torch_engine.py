@@ -13,6 +13,7 @@ in one `call_soon_threadsafe` per step.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import threading
@@ -122,6 +123,11 @@ class TorchEngine(Engine):
         self._scheduler: SlotScheduler[_Request] = SlotScheduler(max_batch_size, max_waiting)
         self._running: list[_Sample] = []
         self._sampler: BatchSampler | None = None
+        # While the batch stays the same, the next decode step's inputs are the tokens just
+        # sampled, the same slots and the positions one further: kept as tensors, so a steady
+        # step builds nothing from Python lists.
+        self._next_tokens: torch.Tensor | None = None
+        self._next_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed if seed is not None else random.SystemRandom().getrandbits(63))
         self._scores: list[_ScoreJob] = []
@@ -134,6 +140,7 @@ class TorchEngine(Engine):
         self._stopping = False
         self._version = 0
         self._running_requests = 0
+        self._gauges: tuple[int, int] | None = None
         self._meter = ThroughputMeter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -242,8 +249,8 @@ class TorchEngine(Engine):
                         "header.version",
                         f"header.version {version} is older than the served version {self._version}",
                     )
-                for name, tensor in tensors.items():
-                    self._tensors[name].copy_(tensor)
+                names = list(tensors)
+                torch._foreach_copy_([self._tensors[n] for n in names], [tensors[n] for n in names])
                 self._version = version
         finally:
             with self._cond:
@@ -340,9 +347,16 @@ class TorchEngine(Engine):
             outbox, self._outbox = self._outbox, []
             self._loop.call_soon_threadsafe(_deliver, outbox)
 
+    def _batch_changed(self) -> None:
+        self._sampler = None
+        self._next_inputs = None
+
     def _step(self) -> None:
         with self._cond:
             admissions = self._scheduler.admit()
+        if not admissions and self._next_inputs is not None:
+            self._decode_step()
+            return
         decoding = self._running
         ids = [s.tokens[-1] for s in decoding]
         positions = [s.next_position() for s in decoding]
@@ -360,7 +374,7 @@ class TorchEngine(Engine):
         if admissions:
             # In the batch before the forward, so a failing step still frees their slots.
             self._running = decoding + new_samples
-            self._sampler = None
+            self._batch_changed()
             metrics.PROMPT_TOKENS.inc(sum(len(a.key.prompt) * len(a.slots) for a in admissions))
         input_ids = torch.tensor(ids, device=self.device)
         position_ids = torch.tensor(positions, device=self.device)
@@ -374,6 +388,21 @@ class TorchEngine(Engine):
             self._sampler = BatchSampler([s.settings for s in self._running], self.device)
         tokens, logprobs = self._sampler.sample(logits, self._generator)
         self._record(tokens.tolist(), logprobs.tolist())
+        if not admissions and self._sampler is not None:
+            self._next_tokens = tokens
+            self._next_inputs = (slot_ids, position_ids + 1)
+
+    def _decode_step(self) -> None:
+        """A step over an unchanged batch: every input is already a tensor."""
+        slot_ids, position_ids = self._next_inputs
+        hidden = self.model.hidden_states(
+            self._next_tokens, position_ids, self._cache.step(slot_ids, position_ids)
+        )
+        tokens, logprobs = self._sampler.sample(self.model.lm_head(hidden), self._generator)
+        self._record(tokens.tolist(), logprobs.tolist())
+        if self._sampler is not None:
+            self._next_tokens = tokens
+            self._next_inputs = (slot_ids, position_ids + 1)
 
     def _new_samples(self, admission: Admission[_Request]) -> list[_Sample]:
         request = admission.key
@@ -409,20 +438,23 @@ class TorchEngine(Engine):
         now = time.perf_counter()
         version = self._version
         finished: list[tuple[_Sample, FinishReason]] = []
-        deltas: dict[_Request, list[StreamDelta]] = {}
+        deltas: dict[_Request, list[StreamDelta]] | None = None
         for sample, token, logprob in zip(self._running, tokens, logprobs, strict=True):
-            if not sample.tokens:
+            sample_tokens = sample.tokens
+            if not sample_tokens:
                 sample.version_start = version
                 sample.first_token_at = now
                 metrics.TIME_TO_FIRST_TOKEN.observe(now - sample.request.arrival)
-            sample.tokens.append(token)
+            sample_tokens.append(token)
             sample.logprobs.append(logprob)
             reason: FinishReason | None = None
             if token in sample.stop_ids:
                 reason = "stop"
-            elif len(sample.tokens) >= sample.max_tokens:
+            elif len(sample_tokens) >= sample.max_tokens:
                 reason = "length"
             if sample.request.queue is not None:
+                if deltas is None:
+                    deltas = {}
                 deltas.setdefault(sample.request, []).append(
                     StreamDelta(sample.index, [token], [logprob], reason)
                 )
@@ -431,16 +463,23 @@ class TorchEngine(Engine):
         metrics.GENERATED_TOKENS.inc(len(tokens))
         metrics.STEPS.inc()
         self._meter.add(now, len(tokens))
-        for request, items in deltas.items():
-            self._outbox.append((request.queue.put_nowait, (items,)))
+        if deltas:
+            for request, items in deltas.items():
+                self._outbox.append((request.queue.put_nowait, (items,)))
         if finished:
             done = {id(s) for s, _ in finished}
             self._running = [s for s in self._running if id(s) not in done]
-            self._sampler = None
+            self._batch_changed()
             for sample, reason in finished:
                 self._finish(sample, reason, version, now)
-        metrics.RUNNING.set(self._running_requests)
-        metrics.WAITING.set(self._scheduler.waiting_requests)
+        self._set_gauges()
+
+    def _set_gauges(self) -> None:
+        gauges = (self._running_requests, self._scheduler.waiting_requests)
+        if gauges != self._gauges:  # set only on change: each set takes the metric's lock
+            self._gauges = gauges
+            metrics.RUNNING.set(gauges[0])
+            metrics.WAITING.set(gauges[1])
 
     def _finish(self, sample: _Sample, reason: FinishReason, version: int, now: float) -> None:
         with self._cond:
@@ -449,7 +488,7 @@ class TorchEngine(Engine):
         request.completions[sample.index] = Completion(
             sample.tokens, sample.logprobs, reason, sample.version_start, version
         )
-        metrics.COMPLETIONS.labels(reason).inc()
+        _completions(reason).inc()
         if len(sample.tokens) > 1:
             metrics.INTER_TOKEN_LATENCY.observe((now - sample.first_token_at) / (len(sample.tokens) - 1))
         request.running_samples -= 1
@@ -481,10 +520,9 @@ class TorchEngine(Engine):
                 kept.append(sample)
         if len(kept) != len(self._running):
             self._running = kept
-            self._sampler = None
+            self._batch_changed()
             self._running_requests -= 1
-        metrics.RUNNING.set(self._running_requests)
-        metrics.WAITING.set(self._scheduler.waiting_requests)
+        self._set_gauges()
 
     def _take_open_requests(self) -> list[_Request]:
         """Empties the batch and the queue; returns every request still open, in arrival order."""
@@ -495,10 +533,10 @@ class TorchEngine(Engine):
         for sample in self._running:
             open_requests.setdefault(id(sample.request), sample.request)
         self._running = []
-        self._sampler = None
+        self._batch_changed()
         self._running_requests = 0
-        metrics.RUNNING.set(0)
-        metrics.WAITING.set(0)
+        self._gauges = None
+        self._set_gauges()
         return sorted((r for r in open_requests.values() if not r.closed), key=lambda r: r.arrival)
 
     def _fail_all(self, error: Exception) -> None:
@@ -562,6 +600,12 @@ class TorchEngine(Engine):
             result = ScoreResult(logprobs[cursor : cursor + count], self._version)
             self._outbox.append((_resolve, (job.future, result)))
             cursor += count
+
+
+@functools.cache
+def _completions(reason: str):
+    """The COMPLETIONS child of one finish reason (labels() costs a lookup under a lock)."""
+    return metrics.COMPLETIONS.labels(reason)
 
 
 def _deliver(outbox: list[tuple[Callable, tuple]]) -> None:

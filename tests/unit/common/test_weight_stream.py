@@ -55,6 +55,31 @@ def test_bfloat16_survives():
     assert torch.equal(out["w"], tensors["w"])
 
 
+def test_received_tensors_are_views_of_the_receive_buffer():
+    tensors = broadcast_tensors(model(1))
+    messages = list(iter_update_messages(tensors, 1))
+    assembler = WeightAssembler(messages[0].header, broadcast_tensors(model(2)))
+    for m in messages[1:]:
+        assembler.add(m.chunk)
+    out = assembler.finish()
+    assembler.buffer[:] = bytes(len(assembler.buffer))  # zeroing the buffer zeroes every tensor
+    assert all(not t.any() for t in out.values())
+
+
+def test_mixed_dtypes_survive():
+    tensors = {
+        "a": torch.randn(3, 5),
+        "b": torch.arange(7, dtype=torch.int64).reshape(7, 1),
+        "d": torch.randn(2, 3).to(torch.float16),
+        "e": torch.randn(4).double(),
+    }
+    expected = {name: torch.zeros_like(t) for name, t in tensors.items()}
+    for chunk in (MAX_CHUNK_BYTES, 5):
+        out = receive(iter_update_messages(tensors, 1, chunk_bytes=chunk), expected)
+        for name, tensor in tensors.items():
+            assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor), name
+
+
 def test_receiver_rejects_mismatches():
     tensors = broadcast_tensors(model(1))
     header = next(iter_update_messages(tensors, 1)).header
