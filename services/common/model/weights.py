@@ -38,6 +38,8 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
     t = tensor.detach().to("cpu").contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
+    if t.numel() == 0:  # memoryview cannot cast an empty multi-dimensional view
+        return memoryview(b"")
     return memoryview(t.numpy()).cast("B")
 
 

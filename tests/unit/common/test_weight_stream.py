@@ -113,3 +113,11 @@ def test_receiver_rejects_broken_streams():
     out_of_order = [messages[0], messages[2], messages[1], *messages[3:]]
     with pytest.raises(WireError, match="expected 0"):
         receive(out_of_order, tensors)
+
+
+def test_empty_and_scalar_tensors_round_trip():
+    tensors = {"empty": torch.zeros(0, 4), "scalar": torch.tensor(3.5), "w": torch.randn(2, 3)}
+    expected = {name: torch.zeros_like(t) for name, t in tensors.items()}
+    out = receive(iter_update_messages(tensors, 1), expected)
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name], tensor), name
