@@ -36,6 +36,20 @@ class ReceivedUpdate:
 async def receive_update(
     messages: AsyncIterator[weights_pb2.WeightUpdateMessage], expected: dict[str, torch.Tensor]
 ) -> ReceivedUpdate:
+    try:
+        return await _receive(messages, expected)
+    except RequestError:
+        # Read the client's stream to its end before the status goes out: a client still
+        # sending when the call closes sees a transport error (INTERNAL) instead of the
+        # INVALID_ARGUMENT that names its mistake.
+        async for _ in messages:
+            pass
+        raise
+
+
+async def _receive(
+    messages: AsyncIterator[weights_pb2.WeightUpdateMessage], expected: dict[str, torch.Tensor]
+) -> ReceivedUpdate:
     first = await anext(messages, None)
     if first is None:
         raise StreamBroken("the stream ended before the header")
