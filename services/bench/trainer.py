@@ -37,7 +37,7 @@ from rlrun.bench import emit_result
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
-from rlrun.common.model import ArchConfig, CausalLM, PackedCausal, build_model
+from rlrun.common.model import ArchConfig, PackedCausal, build_model, create_model
 from rlrun.common.model.weights import broadcast_tensors, build_header, iter_update_messages
 from rlrun.common.types import TrainingBatch
 from rlrun.common.wire import batch_to_proto
@@ -176,7 +176,7 @@ def broadcast_model(quick: bool) -> dict[str, torch.Tensor]:
         arch = ArchConfig.from_file(CONFIGS / "models" / "tiny-d128.json")
     else:
         arch = ArchConfig.from_dict(BROADCAST_ARCH)
-    model = CausalLM(arch)
+    model = create_model(arch)
     model.init_weights(0)
     return broadcast_tensors(model)
 

@@ -102,7 +102,7 @@ def wrap_model(model: nn.Module, parallel: Parallelism) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(parallel.device.type, (parallel.world_size,))
-        for layer in model.model.layers:
+        for layer in model.decoder_layers():
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import TrainerConfig
-from rlrun.common.model import ArchConfig, PackedCausal, build_model
+from rlrun.common.model import FAMILIES, ArchConfig, PackedCausal, build_model
 from rlrun.common.types import TrainingBatch
 from rlrun.trainer.distributed import Parallelism, wrap_model
 from rlrun.trainer.loss import STAT_NAMES, channel_loss, summarize, token_logprobs
@@ -247,7 +247,7 @@ class Learner:
         options = StateDictOptions(full_state_dict=True)
         model_state = dict(state.model)
         if self.arch.tie_word_embeddings:
-            model_state["lm_head.weight"] = model_state["model.embed_tokens.weight"]
+            model_state["lm_head.weight"] = model_state[FAMILIES[self.arch.family].embedding_key]
         set_model_state_dict(self.model, model_state, options=options)
         if state.optimizer is not None:
             set_optimizer_state_dict(self.model, self.optimizer, state.optimizer, options=options)

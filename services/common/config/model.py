@@ -12,7 +12,8 @@ from rlrun.common.config.base import Section
 
 class ModelConfig(Section):
     config: Path | None = Path("configs/models/tiny-d64.json")
-    """A transformers config JSON (Llama or Qwen3) for a model built locally with random init.
+    """A transformers config JSON (Llama, Qwen2/3, Mistral or GPT-2) for a model built locally
+    with random init.
     Ignored when `path` is set. Default: configs/models/tiny-d64.json."""
 
     path: Path | None = None
@@ -24,6 +25,12 @@ class ModelConfig(Section):
 
     seed: int = 0
     """Seed for random initialisation. Default: 0."""
+
+    init: Literal["transformers", "pytorch"] = "transformers"
+    """Random-init scheme when `config` is used: `transformers` draws every weight from
+    normal(0, initializer_range) as transformers does; `pytorch` keeps PyTorch's module defaults
+    (embeddings normal(0, 1), linear layers uniform(+-1/sqrt(fan_in))), with which the tiny
+    from-scratch demo models learn faster under RL. Default: transformers."""
 
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype. Default: float32."""

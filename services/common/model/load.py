@@ -10,6 +10,7 @@ import torch
 
 from rlrun.common.config.model import ModelConfig
 from rlrun.common.model.arch import ArchConfig
+from rlrun.common.model.families import create_model
 from rlrun.common.model.transformer import CausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,10 +26,11 @@ def load_checkpoint_dir(path: str | Path) -> CausalLM:
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{path} holds no *.safetensors weights")
-    model = CausalLM(ArchConfig.from_file(path / "config.json"))
+    model = create_model(ArchConfig.from_file(path / "config.json"))
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         state.update(load_file(str(shard)))
+    state = model.normalize_checkpoint_names(state)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -61,8 +63,13 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalL
     else:
         if not Path(cfg.config).exists():
             raise FileNotFoundError(f"model.config {cfg.config} does not exist")
-        model = CausalLM(ArchConfig.from_file(cfg.config))
-        model.init_weights(cfg.seed)
+        model = create_model(ArchConfig.from_file(cfg.config))
+        model.init_weights(cfg.seed, cfg.init)
+    positions = model.config.max_position_embeddings
+    if model.config.family == "gpt2" and cfg.max_model_len > positions:
+        raise ValueError(
+            f"model.max_model_len {cfg.max_model_len} exceeds the model's {positions} learned positions (n_positions)"
+        )
     return model.to(device=device, dtype=DTYPES[cfg.dtype])
 
 

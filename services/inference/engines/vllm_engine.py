@@ -31,7 +31,7 @@ import torch
 
 from rlrun.common.config import RunConfig
 from rlrun.common.errors import RequestError
-from rlrun.common.model import ArchConfig, CausalLM, arch_dict, build_model, save_checkpoint_dir
+from rlrun.common.model import ArchConfig, arch_dict, build_model, create_model, save_checkpoint_dir
 from rlrun.common.model.load import DTYPES
 from rlrun.common.model.weights import PB_TO_TORCH, TORCH_TO_PB, broadcast_tensors
 from rlrun.common.types import SamplingParams
@@ -172,7 +172,7 @@ def tensor_payload(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, lis
 def meta_tensors(config: RunConfig) -> dict[str, torch.Tensor]:
     """The model's broadcast tensors on the meta device: names, dtypes, shapes, no memory."""
     with torch.device("meta"):
-        model = CausalLM(ArchConfig.from_dict(arch_dict(config.model)))
+        model = create_model(ArchConfig.from_dict(arch_dict(config.model)))
     return broadcast_tensors(model.to(DTYPES[config.model.dtype]))
 
 

@@ -13,12 +13,17 @@ from rlrun.common.model import (
     PackedCausal,
     SlotKVCache,
     build_model,
+    create_model,
     load_checkpoint_dir,
     save_checkpoint_dir,
 )
 
 REPO = Path(__file__).resolve().parents[3]
-CONFIGS = [REPO / "configs/models/tiny-d64.json", REPO / "configs/models/tiny-d128.json"]
+CONFIGS = [
+    REPO / "configs/models/tiny-d64.json",
+    REPO / "configs/models/tiny-d128.json",
+    REPO / "configs/models/tiny-gpt2-d64.json",
+]
 
 
 def hf_twin(model: CausalLM, cfg: dict):
@@ -32,7 +37,7 @@ def hf_twin(model: CausalLM, cfg: dict):
 def pair(request):
     torch.manual_seed(0)
     cfg = json.loads(request.param.read_text())
-    model = CausalLM(ArchConfig.from_dict(cfg))
+    model = create_model(ArchConfig.from_dict(cfg))
     model.init_weights(seed=1)
     return model.eval(), hf_twin(model, cfg)
 
@@ -92,21 +97,85 @@ def test_seeded_init_is_reproducible_and_seed_dependent():
     assert 90_000 < params < 130_000
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def tied_gpt2(tmp_path) -> Path:
+    path = tmp_path / "tiny-gpt2-tied.json"
+    path.write_text(json.dumps({**json.loads(CONFIGS[2].read_text()), "tie_word_embeddings": True}))
+    return path
+
+
+@pytest.mark.parametrize("config", [*CONFIGS, "tied-gpt2"], ids=lambda p: getattr(p, "stem", p))
 def test_checkpoint_directory_round_trip(tmp_path, config):
+    config = tied_gpt2(tmp_path) if config == "tied-gpt2" else config
     model = build_model(ModelConfig(config=config, seed=3))
     save_checkpoint_dir(model, json.loads(config.read_text()), tmp_path / "ckpt")
     loaded = build_model(ModelConfig(path=tmp_path / "ckpt", tokenizer=REPO / "configs/tokenizer/char.json"))
     for (name, pa), pb in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), name
     if model.config.tie_word_embeddings:
-        assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+        embedding = loaded.get_parameter(loaded.embedding_key)
+        assert loaded.lm_head.weight.data_ptr() == embedding.data_ptr()
 
 
-def test_checkpoint_loads_into_transformers_too(tmp_path):
+def test_original_gpt2_checkpoint_layout_loads(tmp_path):
+    """OpenAI's GPT-2 files name tensors without `transformer.` and keep causal-mask buffers."""
+    from safetensors.torch import save_file
+
+    model = build_model(ModelConfig(config=CONFIGS[2], seed=5))
+    state = {k.removeprefix("transformer."): v.contiguous() for k, v in model.state_dict().items()}
+    state["h.0.attn.bias"] = torch.ones(1, 1, 64, 64)
+    (tmp_path / "config.json").write_text(CONFIGS[2].read_text())
+    save_file(state, str(tmp_path / "model.safetensors"))
+    loaded = load_checkpoint_dir(tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_pytorch_init_keeps_module_defaults():
+    model = build_model(ModelConfig(config=CONFIGS[2], seed=0, init="pytorch"))
+    again = build_model(ModelConfig(config=CONFIGS[2], seed=0, init="pytorch"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+    params = dict(model.named_parameters())
+    assert 0.9 < params["transformer.wte.weight"].std() < 1.1
+    fc = params["transformer.h.0.mlp.c_fc.weight"]  # [in=64, out=256]
+    assert fc.abs().max() <= 1 / 64**0.5 and fc.abs().max() > 0.9 / 64**0.5
+    down = params["transformer.h.0.mlp.c_proj.bias"]  # fan_in 256
+    assert down.abs().max() <= 1 / 256**0.5 and down.abs().max() > 0.9 / 256**0.5
+    assert torch.equal(params["transformer.h.1.ln_2.weight"], torch.ones(64))
+    assert torch.equal(params["transformer.ln_f.bias"], torch.zeros(64))
+
+
+def test_transformers_init_scales_gpt2_residual_projections():
+    params = dict(build_model(ModelConfig(config=CONFIGS[2], seed=0)).named_parameters())
+    std = 0.02
+    assert abs(params["transformer.h.0.mlp.c_fc.weight"].std() - std) < 0.002
+    assert abs(params["transformer.h.0.mlp.c_proj.weight"].std() - std / 2) < 0.001  # 1/sqrt(2 * 2 layers)
+    assert torch.equal(params["transformer.h.0.attn.c_attn.bias"], torch.zeros(192))
+
+
+def test_learned_positions_bound_the_context():
+    with pytest.raises(ValueError, match="model.max_model_len 65 exceeds the model's 64 learned positions"):
+        build_model(ModelConfig(config=CONFIGS[2], max_model_len=65))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"activation_function": "relu"}, "activation_function 'relu' is not supported"),
+        ({"n_head": 5}, "n_embd 64 is not divisible by n_head 5"),
+        ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn is not supported"),
+    ],
+)
+def test_unsupported_gpt2_settings_are_named(change, message):
+    with pytest.raises(ValueError, match=message):
+        ArchConfig.from_dict({**json.loads(CONFIGS[2].read_text()), **change})
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_checkpoint_loads_into_transformers_too(tmp_path, config):
     transformers = pytest.importorskip("transformers")
-    model = build_model(ModelConfig(config=CONFIGS[0], seed=4)).eval()
-    save_checkpoint_dir(model, json.loads(CONFIGS[0].read_text()), tmp_path / "ckpt")
+    model = build_model(ModelConfig(config=config, seed=4)).eval()
+    save_checkpoint_dir(model, json.loads(config.read_text()), tmp_path / "ckpt")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", local_files_only=True).eval()
     ids = torch.randint(0, 128, (1, 8))
     with torch.no_grad():
@@ -121,4 +190,4 @@ def test_broken_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         load_checkpoint_dir(tmp_path)
     with pytest.raises(ValueError, match="not supported"):
-        ArchConfig.from_dict({**json.loads(CONFIGS[0].read_text()), "model_type": "gpt2"})
+        ArchConfig.from_dict({**json.loads(CONFIGS[0].read_text()), "model_type": "gpt_neox"})

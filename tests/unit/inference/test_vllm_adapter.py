@@ -63,7 +63,8 @@ def test_engine_args_are_token_in_token_out_with_processed_logprobs(config):
     assert args["skip_tokenizer_init"] is True
     assert args["logprobs_mode"] == "processed_logprobs"
     assert args["worker_extension_cls"] == WORKER_EXTENSION
-    assert (args["max_model_len"], args["max_num_seqs"], args["enforce_eager"]) == (32, 128, True)
+    expected = (config.model.max_model_len, config.inference.max_batch_size, True)
+    assert (args["max_model_len"], args["max_num_seqs"], args["enforce_eager"]) == expected
 
 
 def test_worker_extension_is_importable_by_its_qualified_name():
