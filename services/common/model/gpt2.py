@@ -70,9 +70,7 @@ class GPT2LMHeadModel(CausalLM):
         super().__init__()
         self.config = cfg
         self.transformer = GPT2Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.transformer.wte.weight
+        self._add_lm_head()
 
     def normalize_checkpoint_names(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # The original GPT-2 checkpoints name tensors without the `transformer.` prefix and

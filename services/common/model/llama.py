@@ -97,9 +97,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = cfg
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self._add_lm_head()
 
     def decoder_layers(self) -> nn.ModuleList:
         return self.model.layers

@@ -8,6 +8,7 @@ load directly and weight updates are addressed by HF names (as vLLM's loader exp
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import ClassVar, Literal, Protocol
 
 import torch
@@ -50,7 +51,7 @@ class RMSNorm(nn.Module):
 NORMS = (nn.LayerNorm, RMSNorm)
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module, ABC):
     """forward(input_ids [T], positions [T], attend) -> logits [T, vocab]. Subclasses build
     the module tree and `hidden_states`; `lm_head` maps hidden states to logits."""
 
@@ -62,11 +63,19 @@ class CausalLM(nn.Module):
     config: ArchConfig
     lm_head: nn.Linear
 
+    @abstractmethod
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must define hidden_states")
+        """The final-norm hidden states [T, hidden] of packed tokens."""
 
+    @abstractmethod
     def decoder_layers(self) -> nn.ModuleList:
-        raise NotImplementedError(f"{type(self).__name__} must define decoder_layers")
+        """The repeated blocks (what FSDP shards one by one)."""
+
+    def _add_lm_head(self) -> None:
+        """Called by a family once its embedding exists: ties the head to it when configured."""
+        self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.get_parameter(self.embedding_key)
 
     def normalize_checkpoint_names(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A checkpoint's tensors under this module tree's names (for layouts HF also loads)."""
