@@ -12,7 +12,8 @@ sampling temperature) and μ its probability when it was sampled:
 - rl: r = exp(log π − log μ); loss = −A·r (the policy gradient flows through r), dropped on
   tokens whose probability moved too far on the side that would amplify the update (A > 0 and
   π − μ > high, or A ≤ 0 and π − μ < −low), plus kl_coef·(log r)², which keeps π near μ and is
-  applied to every rl token, masked ones included (that is where it matters most).
+  applied to every rl token, masked ones included (that is where it matters most), minus
+  entropy_coef·H(π) (an entropy bonus; 0 unless configured).
 - ce: loss = −w·log π (weighted NLL: sft, echo).
 
 Everything is written with multiplications and `where` rather than boolean indexing, so a
@@ -84,7 +85,11 @@ def channel_loss(
         masked_high = rl_mask & positive & (moved > settings.high)
         masked_low = rl_mask & ~positive & (moved < -settings.low)
         keep = rl * (~(masked_high | masked_low)).to(logprobs.dtype)
-    rl_tokens = -advantages * ratio * keep + settings.kl_coef * log_ratio.square() * rl
+    rl_tokens = (
+        -advantages * ratio * keep
+        + settings.kl_coef * log_ratio.square() * rl
+        - settings.entropy_coef * entropy * rl
+    )
     ce_tokens = -ce_weights * logprobs * ce
     rl_sum, ce_sum = rl_tokens.sum(), ce_tokens.sum()
     loss = rl_sum / max(n_rl, 1) + ce_sum / max(n_ce, 1)

@@ -19,6 +19,11 @@ class LossConfig(Section):
     kl_coef: float = Field(1e-3, ge=0)
     """Weight of the (log r)^2 penalty that keeps π near μ. Default: 1e-3."""
 
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of an entropy bonus on rl tokens (−coef · H(π) per token). It keeps a policy
+    from collapsing onto one wrong answer, where every sample of a group is the same and
+    GRPO's advantages vanish. Default: 0 (off)."""
+
 
 class ScheduleConfig(Section):
     kind: Literal["constant", "linear", "cosine"] = "constant"

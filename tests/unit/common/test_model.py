@@ -26,6 +26,13 @@ CONFIGS = [
 ]
 
 
+def model_config(config: Path, **fields) -> ModelConfig:
+    """The config with a tokenizer that fits its vocabulary (the GPT-2 demo model is lowercase-only)."""
+    vocab = json.loads(config.read_text())["vocab_size"]
+    tokenizer = "char.json" if vocab >= 102 else "lowercase.json"
+    return ModelConfig(config=config, tokenizer=REPO / "configs/tokenizer" / tokenizer, **fields)
+
+
 def hf_twin(model: CausalLM, cfg: dict):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
@@ -45,7 +52,7 @@ def pair(request):
 def test_packed_forward_matches_transformers(pair):
     model, hf = pair
     lengths = [7, 3, 11]
-    seqs = [torch.randint(0, 128, (n,)) for n in lengths]
+    seqs = [torch.randint(0, model.config.vocab_size, (n,)) for n in lengths]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     positions = torch.cat([torch.arange(n) for n in lengths])
     with torch.no_grad():
@@ -66,7 +73,7 @@ def test_kv_cache_prefill_and_decode_match_a_full_forward(pair):
         head_dim=cfg.head_dim,
         dtype=torch.float32,
     )
-    a, b = torch.randint(0, 128, (9,)), torch.randint(0, 128, (6,))
+    a, b = torch.randint(0, cfg.vocab_size, (9,)), torch.randint(0, cfg.vocab_size, (6,))
     with torch.no_grad():
         full_a, full_b = hf(a[None]).logits[0], hf(b[None]).logits[0]
         # prefill a in slot 2 and b's prompt in slot 0 in one step, then decode both together
@@ -106,9 +113,9 @@ def tied_gpt2(tmp_path) -> Path:
 @pytest.mark.parametrize("config", [*CONFIGS, "tied-gpt2"], ids=lambda p: getattr(p, "stem", p))
 def test_checkpoint_directory_round_trip(tmp_path, config):
     config = tied_gpt2(tmp_path) if config == "tied-gpt2" else config
-    model = build_model(ModelConfig(config=config, seed=3))
+    model = build_model(model_config(config, seed=3))
     save_checkpoint_dir(model, json.loads(config.read_text()), tmp_path / "ckpt")
-    loaded = build_model(ModelConfig(path=tmp_path / "ckpt", tokenizer=REPO / "configs/tokenizer/char.json"))
+    loaded = build_model(ModelConfig(path=tmp_path / "ckpt", tokenizer=model_config(config).tokenizer))
     for (name, pa), pb in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), name
     if model.config.tie_word_embeddings:
@@ -120,7 +127,7 @@ def test_original_gpt2_checkpoint_layout_loads(tmp_path):
     """OpenAI's GPT-2 files name tensors without `transformer.` and keep causal-mask buffers."""
     from safetensors.torch import save_file
 
-    model = build_model(ModelConfig(config=CONFIGS[2], seed=5))
+    model = build_model(model_config(CONFIGS[2], seed=5))
     state = {k.removeprefix("transformer."): v.contiguous() for k, v in model.state_dict().items()}
     state["h.0.attn.bias"] = torch.ones(1, 1, 64, 64)
     (tmp_path / "config.json").write_text(CONFIGS[2].read_text())
@@ -131,8 +138,8 @@ def test_original_gpt2_checkpoint_layout_loads(tmp_path):
 
 
 def test_pytorch_init_keeps_module_defaults():
-    model = build_model(ModelConfig(config=CONFIGS[2], seed=0, init="pytorch"))
-    again = build_model(ModelConfig(config=CONFIGS[2], seed=0, init="pytorch"))
+    model = build_model(model_config(CONFIGS[2], seed=0, init="pytorch"))
+    again = build_model(model_config(CONFIGS[2], seed=0, init="pytorch"))
     for name, tensor in model.state_dict().items():
         assert torch.equal(again.state_dict()[name], tensor), name
     params = dict(model.named_parameters())
@@ -146,16 +153,21 @@ def test_pytorch_init_keeps_module_defaults():
 
 
 def test_transformers_init_scales_gpt2_residual_projections():
-    params = dict(build_model(ModelConfig(config=CONFIGS[2], seed=0)).named_parameters())
+    params = dict(build_model(model_config(CONFIGS[2], seed=0)).named_parameters())
     std = 0.02
     assert abs(params["transformer.h.0.mlp.c_fc.weight"].std() - std) < 0.002
     assert abs(params["transformer.h.0.mlp.c_proj.weight"].std() - std / 2) < 0.001  # 1/sqrt(2 * 2 layers)
     assert torch.equal(params["transformer.h.0.attn.c_attn.bias"], torch.zeros(192))
 
 
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused():
+    with pytest.raises(ValueError, match="char.json has 102 tokens but the model's vocab_size is 33"):
+        build_model(ModelConfig(config=CONFIGS[2], tokenizer=REPO / "configs/tokenizer/char.json"))
+
+
 def test_learned_positions_bound_the_context():
     with pytest.raises(ValueError, match="model.max_model_len 65 exceeds the model's 64 learned positions"):
-        build_model(ModelConfig(config=CONFIGS[2], max_model_len=65))
+        build_model(model_config(CONFIGS[2], max_model_len=65))
 
 
 @pytest.mark.parametrize(
@@ -174,10 +186,10 @@ def test_unsupported_gpt2_settings_are_named(change, message):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_checkpoint_loads_into_transformers_too(tmp_path, config):
     transformers = pytest.importorskip("transformers")
-    model = build_model(ModelConfig(config=config, seed=4)).eval()
+    model = build_model(model_config(config, seed=4)).eval()
     save_checkpoint_dir(model, json.loads(config.read_text()), tmp_path / "ckpt")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", local_files_only=True).eval()
-    ids = torch.randint(0, 128, (1, 8))
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
     with torch.no_grad():
         ours = model(ids[0], torch.arange(8), PackedCausal(torch.tensor([0, 8])))
         torch.testing.assert_close(ours, hf(ids).logits[0], atol=1e-5, rtol=1e-4)

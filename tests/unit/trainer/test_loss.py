@@ -62,6 +62,29 @@ def test_rl_token_within_the_band_is_minus_advantage_times_ratio_plus_kl():
     assert logprobs.grad.item() == pytest.approx(-2.0 * r + 2e-3 * math.log(r))
 
 
+def test_entropy_bonus_rewards_a_flatter_distribution_on_rl_tokens_only():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [2.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    logprobs, entropy = token_logprobs(logits, torch.tensor([0, 0]), torch.ones(2, dtype=torch.float64))
+    settings = LossConfig(high=0.2, low=0.2, kl_coef=0.0, entropy_coef=0.1)
+    terms = channel_loss(
+        logprobs,
+        entropy,
+        logprobs.detach(),
+        torch.zeros(2, dtype=torch.float64),
+        torch.tensor([True, False]),
+        torch.zeros(2, dtype=torch.float64),
+        torch.zeros(2, dtype=torch.bool),
+        1,
+        0,
+        settings,
+    )
+    assert terms.loss.item() == pytest.approx(-0.1 * entropy[0].item())
+    terms.loss.backward()
+    # Descending the loss lowers the favoured logit of the rl row; the other row is untouched.
+    assert logits.grad[0, 0].item() > 0
+    assert torch.equal(logits.grad[1], torch.zeros(3, dtype=torch.float64))
+
+
 def test_positive_advantage_masks_tokens_whose_probability_rose_past_high():
     logprobs, terms = rl_terms(pi=[0.7], mu=[0.4], advantages=[1.0])
     r = 0.7 / 0.4
