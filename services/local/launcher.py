@@ -91,7 +91,17 @@ class LocalRun:
                 self.log_dir / f"env-server-{env.key}.log",
             )
             sets += _set(f"orchestrator.train.env.{i}.address", child.address)
-        trainer = self.group.start("trainer", self._serve_argv("trainer", sets), self.log_dir / "trainer.log")
+        # The trainer runs in a session, and so a CPU scheduling group (Linux' autogroups), of
+        # its own; the services that generate share the launcher's. The kernel then splits the
+        # CPU between training and generation first, not between their threads. In one group
+        # the inference, env-server and orchestrator threads that generate batch n+1 each took
+        # a share from the training of batch n, the critical path of an async step: its
+        # run-queue wait was a quarter of the step on an idle 2-core machine. Next to other
+        # programs the whole stack got one group's share, about one core, leaving nothing
+        # to overlap.
+        trainer = self.group.start(
+            "trainer", self._serve_argv("trainer", sets), self.log_dir / "trainer.log", own_session=True
+        )
         sets += _set("trainer.address", trainer.address)
         orchestrator = self.group.start(
             "orchestrator", self._serve_argv("orchestrator", sets), self.log_dir / "orchestrator.log"

@@ -4,6 +4,7 @@ watch for deaths, and shut everything down so that no process is ever left behin
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import selectors
@@ -22,13 +23,20 @@ class ChildFailed(RuntimeError):
     """A service process died or never became ready; the message names it and its log."""
 
 
-def _die_with_parent() -> None:
+def _child_setup(own_session: bool) -> None:
     # If the launcher is killed outright (SIGKILL), the kernel still stops its children.
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
-    os.setpgrp()
+    # Either way the child leads its own process group, so a stop can kill the whole group.
+    # A new session also puts it in its own scheduling group where the kernel's autogroup
+    # scheduling is on (Linux' default): the CPU is then shared fairly between sessions
+    # first, and between the threads of one session only within that session's share.
+    if own_session:
+        os.setsid()
+    else:
+        os.setpgrp()
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -66,7 +74,16 @@ class ProcessGroup:
         self.env = env
         self.children: list[Child] = []
 
-    def start(self, name: str, argv: list[str], log_file: Path, ready_timeout_s: float = 180.0) -> Child:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        log_file: Path,
+        ready_timeout_s: float = 180.0,
+        own_session: bool = False,
+    ) -> Child:
+        """`own_session`: the child runs in a session (and so a CPU scheduling group) of its own
+        instead of the launcher's."""
         log_file.parent.mkdir(parents=True, exist_ok=True)
         child = Child(name=name, argv=argv, log_file=log_file)
         with child.stderr_file.open("ab") as stderr:
@@ -76,7 +93,7 @@ class ProcessGroup:
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_child_setup, own_session),
                 text=True,
                 bufsize=1,
             )

@@ -91,3 +91,37 @@ def test_children_die_with_a_killed_launcher(tmp_path):
     while alive(child_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child_pid)
+
+
+def test_a_child_in_its_own_session_leads_it_and_the_others_share_the_launchers(tmp_path):
+    group = ProcessGroup(dict(os.environ))
+    shared = group.start("shared", [sys.executable, "-c", READY_THEN_SLEEP], tmp_path / "a.log")
+    own = group.start("own", [sys.executable, "-c", IGNORES_SIGTERM], tmp_path / "b.log", own_session=True)
+    try:
+        assert os.getsid(own.process.pid) == own.process.pid
+        assert os.getsid(shared.process.pid) == os.getsid(0)
+        # Both lead a process group of their own, which is what stop() kills.
+        assert os.getpgid(own.process.pid) == own.process.pid
+        assert os.getpgid(shared.process.pid) == shared.process.pid
+    finally:
+        group.stop(grace_s=0.5)
+    assert not alive(own.process.pid) and not alive(shared.process.pid)
+
+
+def test_the_launcher_starts_only_the_trainer_in_a_session_of_its_own(tmp_path, monkeypatch):
+    from rlrun.common.config import load_config
+    from rlrun.local import launcher
+    from rlrun.local.processes import Child
+
+    started = {}
+
+    def fake_start(self, name, argv, log_file, ready_timeout_s=180.0, own_session=False):
+        started[name] = own_session
+        return Child(name=name, argv=argv, log_file=log_file, address=f"127.0.0.1:{len(started)}")
+
+    monkeypatch.setattr(ProcessGroup, "start", fake_start)
+    config_path = launcher.Path(__file__).resolve().parents[3] / "configs" / "reverse_text.toml"
+    config = load_config(config_path, [f"output_dir={tmp_path}"])
+    launcher.LocalRun(config, config_path, []).start_services()
+    assert started.pop("trainer") is True
+    assert started and not any(started.values())
