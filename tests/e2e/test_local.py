@@ -36,7 +36,7 @@ def rlrun_children(run_dir: Path) -> list[int]:
 
 def test_short_run_learns_and_writes_its_outputs(tmp_path):
     out = tmp_path / "run"
-    steps = 60
+    steps = 30
     result = rlrun_local(
         str(DEMO),
         "--output-dir",
@@ -44,23 +44,19 @@ def test_short_run_learns_and_writes_its_outputs(tmp_path):
         "--max-steps",
         str(steps),
         "--set",
-        "orchestrator.eval.interval=30",
-        "--set",
-        "orchestrator.eval.num_tasks=128",
+        f"orchestrator.eval.interval={steps}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert SUMMARY_KEYS <= set(summary)
     assert summary["steps"] == steps
     assert summary["eval_reward_start"] <= 0.6  # the warm start leaves room to learn
+    # Seeds 0-3 of the demo gain 0.08-0.19 held-out greedy reward in their first 20-30 RL
+    # steps (docs/learning.md); 0.05 leaves room for scheduling noise between services.
+    assert summary["eval_reward_end"] > summary["eval_reward_start"] + 0.05, summary
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == list(range(1, steps + 1))
-    # RL raises the reward of the rollouts it trains on (the held-out greedy eval of this
-    # model does not yet rise reliably within a short run; see the slow test below).
-    first = sum(r["reward_mean"] for r in rl[:10]) / 10
-    last = sum(r["reward_mean"] for r in rl[-10:]) / 10
-    assert last > first + 0.03, (first, last)
     assert {"reward_mean", "tokens_per_s", "off_policy_lag", "step_seconds"} <= set(rl[-1])
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in (out / "eval").glob("step_*.jsonl"))
@@ -119,4 +115,4 @@ def test_the_demo_reaches_its_target(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["eval_reward_start"] <= 0.6
-    assert summary["eval_reward_end"] >= 0.9
+    assert summary["eval_reward_end"] >= 0.95
