@@ -1,6 +1,6 @@
 """`rlrun bench inference`: the torch engine against its limit and against sequential generation.
 
-All on the same tiny model (configs/models/tiny-d64.json), one torch thread per process:
+All on the demo's tiny model (configs/reverse_text.toml), one torch thread per process:
 - (a) limit: a raw batched decode loop at batch 32 (slot KV cache + sampling, nothing else);
 - (b) the service (`rlrun serve inference`, its own process) under 32 concurrent gRPC
   Generate clients;

@@ -8,15 +8,15 @@
    proto with a constant advantage. `traces_per_s` is (b); the target is >= 5,000/s.
    `ratio_vs_bare` = (b) / (a) in traces/s. The two alternate; figures are medians.
 2. Share of the demo's step time (`share_of_step`, target <= 5%): the pipeline's time for a
-   demo-shaped batch (configs/reverse_text.toml: 16 x 8 reverse-text traces, ~12 prompt and 10
-   completion tokens) divided by a demo step time, taken from, in order:
+   demo-shaped batch (configs/reverse_text.toml's prompts x samples of reverse-text traces, ~12
+   prompt and 10 completion tokens) divided by a demo step time, taken from, in order:
    - a demo run's metrics.jsonl given by `--demo-metrics PATH` (when run as
      `python -m rlrun.bench.orchestrator`) or the RLRUN_BENCH_DEMO_METRICS environment variable:
      the median `step_seconds` of its RL steps (the share the demo recorded itself, its median
      `batch_build_seconds` over that, is reported too as `recorded_share_of_step`);
    - else outputs/reverse_text/metrics.jsonl (the demo's default output), when it exists;
    - else a measured lower bound: the trainer's compute alone for that batch on the demo model
-     (tiny-d64, forward + backward + AdamW, `grad_steps_per_batch` times, one torch thread).
+     (forward + backward + AdamW, `grad_steps_per_batch` times, one torch thread).
      A real step also generates, so the share it gives is an upper bound.
 
 The last stdout line is JSON.
@@ -257,7 +257,7 @@ def demo_step_time(shape: dict, metrics_file: Path | None, quick: bool) -> tuple
     seconds = train_step_lower_bound(shape, 3 if quick else 15)
     return (
         seconds,
-        "measured lower bound: trainer compute alone (tiny-d64 forward+backward+AdamW x grad_steps)",
+        "measured lower bound: trainer compute alone (demo model forward+backward+AdamW x grad_steps)",
     )
 
 
