@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlrun.common.model.weights import iter_update_messages
 from rlrun.v1 import inference_pb2, sampling_pb2, weights_pb2
 
-from .conftest import other_weights
+from .conftest import REPO, other_weights
 
 GREEDY = sampling_pb2.SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -24,13 +24,13 @@ def update(tensors, version, chunk_bytes=16 * 1024):
 
 
 async def greedy_tokens(stub) -> list[int]:
-    response = await stub.Generate(generate([4, 70, 71, 72, 1, 5]))
+    response = await stub.Generate(generate([4, 20, 21, 22, 1, 5]))
     return list(response.completions[0].token_ids)
 
 
 async def test_generate_returns_n_completions_with_logprobs_and_versions(service):
     sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=10, n=3, stop_token_ids=[1])
-    response = await service.stub.Generate(generate([4, 70, 71, 1, 5], sampling))
+    response = await service.stub.Generate(generate([4, 20, 21, 1, 5], sampling))
     assert response.prompt_tokens == 5
     assert len(response.completions) == 3
     for completion in response.completions:
@@ -71,7 +71,7 @@ async def test_bad_generate_input_is_invalid_argument_naming_the_field(service, 
 
 
 async def test_score_matches_the_generated_logprobs(service):
-    prompt = [4, 70, 71, 1, 5]
+    prompt = [4, 20, 21, 1, 5]
     response = await service.stub.Generate(
         generate(prompt, sampling_pb2.SamplingParams(temperature=0.7, max_tokens=8))
     )
@@ -172,7 +172,14 @@ async def wait_for_status(stub, predicate):
 
 
 async def test_a_cancelled_client_frees_its_batch_slot(start_service):
-    running = await start_service("inference.max_batch_size=1", "model.max_model_len=250", http=False)
+    # A rotary-position model, so the hog's 240 tokens fit (the demo's GPT-2 has 64 positions).
+    running = await start_service(
+        "inference.max_batch_size=1",
+        "model.max_model_len=250",
+        f'model.config="{REPO / "configs/models/tiny-d64.json"}"',
+        f'model.tokenizer="{REPO / "configs/tokenizer/char.json"}"',
+        http=False,
+    )
     stub = running.stub
     await stub.Pause(inference_pb2.PauseRequest())
     hog = stub.Generate(generate([4, 5], sampling_pb2.SamplingParams(temperature=1.0, max_tokens=240)))

@@ -9,6 +9,7 @@ import torch
 
 from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
+from rlrun.common.model import build_model
 from rlrun.common.model.weights import build_header
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.vllm_engine import (
@@ -25,7 +26,7 @@ from rlrun.inference.engines.vllm_engine import (
 from rlrun.inference.engines.vllm_worker import tensors_from_payload
 from rlrun.v1 import weights_pb2
 
-from .conftest import REPO, tiny_model
+from .conftest import REPO
 
 
 def logprob_entry(token: int, value: float) -> dict:
@@ -118,7 +119,7 @@ def test_prompt_scores_pick_each_prompt_token():
 
 def test_meta_tensors_describe_the_model_without_memory(config):
     specs = meta_tensors(config)
-    real = tiny_model().state_dict()
+    real = build_model(config.model).state_dict()
     assert {n: (t.shape, t.dtype) for n, t in specs.items()} == {
         n: (t.shape, t.dtype) for n, t in real.items()
     }
@@ -127,7 +128,7 @@ def test_meta_tensors_describe_the_model_without_memory(config):
 
 def test_nccl_specs_follow_the_header_and_refuse_a_mismatch(config):
     expected = meta_tensors(config)
-    header, _ = build_header(tiny_model().state_dict(), version=1)
+    header, _ = build_header(build_model(config.model).state_dict(), version=1)
     header.transport = weights_pb2.WEIGHT_TRANSPORT_NCCL
     specs = nccl_tensor_specs(header, expected)
     assert [s[0] for s in specs] == [t.name for t in header.tensors]
