@@ -16,11 +16,13 @@ from pathlib import Path
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
-from rlrun.local.processes import ChildFailed, ProcessGroup
+from rlrun.local.processes import ChildFailed, ProcessGroup, raise_autogroup_priority
 from rlrun.local.progress import RunProgress
 from rlrun.local.report import final_summary, write_reward_plot
 from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
+TRAINER_AUTOGROUP_NICE = -10
+"""The trainer's scheduling-group nice value (lowering it below 0 needs CAP_SYS_NICE)."""
 TERMINAL = {orchestrator_pb2.RUN_PHASE_SUCCEEDED, orchestrator_pb2.RUN_PHASE_FAILED}
 
 
@@ -102,6 +104,11 @@ class LocalRun:
         trainer = self.group.start(
             "trainer", self._serve_argv("trainer", sets), self.log_dir / "trainer.log", own_session=True
         )
+        # Fair shares still let the generating threads delay training while both want the
+        # CPU; with priority to the trainer's group, generation fills the time training
+        # leaves (an async step measured 759 -> 673 ms against 641 ms of training alone).
+        # Without the privilege (or autogroups) the run goes on at equal shares.
+        raise_autogroup_priority(trainer.process.pid, TRAINER_AUTOGROUP_NICE)
         sets += _set("trainer.address", trainer.address)
         orchestrator = self.group.start(
             "orchestrator", self._serve_argv("orchestrator", sets), self.log_dir / "orchestrator.log"

@@ -39,6 +39,17 @@ def _child_setup(own_session: bool) -> None:
         os.setpgrp()
 
 
+def raise_autogroup_priority(pid: int, nice: int) -> bool:
+    """Sets the nice value of the scheduling group (autogroup) of `pid`'s session; True when
+    the kernel took it. A negative value needs CAP_SYS_NICE, and kernels without autogroups
+    have no such file: either way the run goes on at equal priority."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:
+        return False
+    return True
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -3,10 +3,12 @@
 import os
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from rlrun.local.processes import ChildFailed, ProcessGroup
+from rlrun.local.processes import ChildFailed, ProcessGroup, raise_autogroup_priority
 
 READY_THEN_SLEEP = (
     "import sys, time; print('rlrun fake listening on 127.0.0.1:4321', flush=True); time.sleep(60)"
@@ -113,15 +115,40 @@ def test_the_launcher_starts_only_the_trainer_in_a_session_of_its_own(tmp_path, 
     from rlrun.local import launcher
     from rlrun.local.processes import Child
 
-    started = {}
+    started, prioritized = {}, []
 
     def fake_start(self, name, argv, log_file, ready_timeout_s=180.0, own_session=False):
         started[name] = own_session
-        return Child(name=name, argv=argv, log_file=log_file, address=f"127.0.0.1:{len(started)}")
+        process = SimpleNamespace(pid=1000 + len(started))
+        return Child(
+            name=name, argv=argv, log_file=log_file, process=process, address=f"127.0.0.1:{len(started)}"
+        )
 
     monkeypatch.setattr(ProcessGroup, "start", fake_start)
+    monkeypatch.setattr(
+        launcher, "raise_autogroup_priority", lambda pid, nice: prioritized.append((pid, nice))
+    )
     config_path = launcher.Path(__file__).resolve().parents[3] / "configs" / "reverse_text.toml"
     config = load_config(config_path, [f"output_dir={tmp_path}"])
     launcher.LocalRun(config, config_path, []).start_services()
+    trainer_pid = 1000 + list(started).index("trainer") + 1
     assert started.pop("trainer") is True
     assert started and not any(started.values())
+    assert prioritized == [(trainer_pid, launcher.TRAINER_AUTOGROUP_NICE)]
+
+
+def test_a_sessions_scheduling_group_gets_the_nice_value_when_the_kernel_allows(tmp_path):
+    ours = Path("/proc/self/autogroup")
+    ours_before = ours.read_text() if ours.exists() else None
+    group = ProcessGroup(dict(os.environ))
+    child = group.start("own", [sys.executable, "-c", READY_THEN_SLEEP], tmp_path / "a.log", own_session=True)
+    try:
+        autogroup = Path(f"/proc/{child.process.pid}/autogroup")
+        if raise_autogroup_priority(child.process.pid, -5):
+            assert autogroup.read_text().split()[-1] == "-5"
+        else:  # no autogroups, or no CAP_SYS_NICE: nothing changed
+            assert not autogroup.exists() or autogroup.read_text().split()[-1] == "0"
+        # The launcher's own group (the user's terminal session) keeps its nice value.
+        assert (ours.read_text() if ours.exists() else None) == ours_before
+    finally:
+        group.stop(grace_s=0.5)
