@@ -93,55 +93,40 @@ def build_openai_app(
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def respond(body, build_prompt, max_tokens: int | None, prompt_field: str, chunks, full_body):
+        """One generation endpoint: its prompt, checks, then the stream or the whole body."""
         try:
-            prompt = completion_prompt(body, tokenizer)
-            max_tokens = 16 if body.max_tokens is None else body.max_tokens
+            prompt = build_prompt(body, tokenizer)
             params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
             check_generate(
                 prompt,
                 params,
                 vocab_size=engine.vocab_size,
                 max_model_len=engine.max_model_len,
-                prompt_field="prompt",
+                prompt_field=prompt_field,
                 sampling_field=_BODY,
             )
         except RequestError as error:
             return _bad_request(error)
         try:
             if body.stream:
-                return _sse(await _completion_chunks(engine, tokenizer, model_id, body, prompt, params))
+                return _sse(await chunks(engine, tokenizer, model_id, body, prompt, params))
             result = await engine.generate(prompt, params)
         except QueueFullError as error:
             return _queue_full(error)
-        return completion_body(body, tokenizer, model_id, len(prompt), result)
+        return full_body(body, tokenizer, model_id, len(prompt), result)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens
+        return await respond(
+            body, completion_prompt, max_tokens, "prompt", _completion_chunks, completion_body
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
-        try:
-            prompt = chat_prompt(body, tokenizer)
-            max_tokens = (
-                body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-            )
-            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
-            check_generate(
-                prompt,
-                params,
-                vocab_size=engine.vocab_size,
-                max_model_len=engine.max_model_len,
-                prompt_field="messages",
-                sampling_field=_BODY,
-            )
-        except RequestError as error:
-            return _bad_request(error)
-        try:
-            if body.stream:
-                return _sse(await _chat_chunks(engine, tokenizer, model_id, body, prompt, params))
-            result = await engine.generate(prompt, params)
-        except QueueFullError as error:
-            return _queue_full(error)
-        return chat_body(body, tokenizer, model_id, len(prompt), result)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await respond(body, chat_prompt, max_tokens, "messages", _chat_chunks, chat_body)
 
     return app
 
