@@ -64,6 +64,7 @@ class GPT2Model(nn.Module):
 
 class GPT2LMHeadModel(CausalLM):
     embedding_key = "transformer.wte.weight"
+    learned_positions = True
     residual_projections = ("attn.c_proj.weight", "mlp.c_proj.weight")
 
     def __init__(self, cfg: ArchConfig):

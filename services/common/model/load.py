@@ -12,7 +12,7 @@ from rlrun.common.config.model import ModelConfig
 from rlrun.common.model.arch import ArchConfig
 from rlrun.common.model.families import create_model
 from rlrun.common.model.transformer import CausalLM
-from rlrun.common.tokenizer import CharTokenizer
+from rlrun.common.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,13 +67,13 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalL
         model = create_model(ArchConfig.from_file(cfg.config))
         model.init_weights(cfg.seed, cfg.init)
     if cfg.tokenizer is not None:
-        tokens = CharTokenizer.from_file(cfg.tokenizer).vocab_size
+        tokens = load_tokenizer(cfg.tokenizer).vocab_size
         if tokens > model.config.vocab_size:
             raise ValueError(
                 f"model.tokenizer {cfg.tokenizer} has {tokens} tokens but the model's vocab_size is {model.config.vocab_size}"
             )
     positions = model.config.max_position_embeddings
-    if model.config.family == "gpt2" and cfg.max_model_len > positions:
+    if model.learned_positions and cfg.max_model_len > positions:
         raise ValueError(
             f"model.max_model_len {cfg.max_model_len} exceeds the model's {positions} learned positions (n_positions)"
         )

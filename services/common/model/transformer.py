@@ -57,6 +57,8 @@ class CausalLM(nn.Module, ABC):
 
     embedding_key: ClassVar[str]
     """The HF name of the token embedding, which a tied lm_head shares."""
+    learned_positions: ClassVar[bool] = False
+    """Positions are embeddings (bounded by max_position_embeddings), not rotations."""
     residual_projections: ClassVar[tuple[str, ...]] = ()
     """Name suffixes of the layers transformers initialises with std / sqrt(2 * layers)."""
 
