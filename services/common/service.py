@@ -33,6 +33,14 @@ class ServiceContext:
     """Set False in setup to keep health NOT_SERVING until the service calls server.set_serving(True)."""
     background: list[asyncio.Task] = field(default_factory=list)
     """Tasks cancelled on shutdown."""
+    exit_code: int = 0
+    """What the process exits with; a service that stops on a fatal error sets it non-zero."""
+
+    def fail(self, reason: str) -> None:
+        """Stops the service on a fatal error: health NOT_SERVING, drain, exit code 1."""
+        self.log.error("stopping: %s", reason)
+        self.exit_code = 1
+        self.background.append(asyncio.ensure_future(self.server.stop()))
 
 
 def limit_threads(num_threads: int) -> None:
@@ -88,7 +96,7 @@ async def _serve(
         if cleanup is not None:
             await cleanup()
         log.info("%s stopped", name)
-    return 0
+    return ctx.exit_code
 
 
 def serve_main(

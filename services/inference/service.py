@@ -6,6 +6,7 @@ trainer's next broadcast before it takes traffic)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_server import GrpcServer
@@ -31,6 +32,7 @@ class InferenceService:
         http_port: int | None = None,
         require_version: int | None = None,
         engine: Engine | None = None,
+        on_fatal: Callable[[str], None] | None = None,
     ):
         self.config = config
         self.grpc_server = grpc_server
@@ -38,6 +40,7 @@ class InferenceService:
         self.http_port = http_port
         self.require_version = require_version
         self.engine = engine
+        self.on_fatal = on_fatal
         self.http: HttpServer | None = None
 
     def ready(self) -> bool:
@@ -46,10 +49,16 @@ class InferenceService:
     def _on_weights_applied(self, version: int) -> None:
         self.grpc_server.set_serving(self.ready())
 
+    def _engine_died(self, error: Exception) -> None:
+        self.grpc_server.set_serving(False)
+        if self.on_fatal is not None:
+            self.on_fatal(f"the engine died: {error}")
+
     async def start(self) -> None:
         """Loads the model and registers the servicer; call before the gRPC server starts."""
         if self.engine is None:
             self.engine = create_engine(self.config)
+        self.engine.on_dead = self._engine_died
         await self.engine.start()
         servicer = InferenceServicer(self.engine, self._on_weights_applied)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
@@ -80,6 +89,7 @@ async def setup(ctx: ServiceContext):
         host=ctx.args.host,
         http_port=http_port,
         require_version=ctx.args.require_version,
+        on_fatal=ctx.fail,
     )
     await service.start()
     return service.stop

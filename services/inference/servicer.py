@@ -82,7 +82,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         async with self._update_lock:
             started = time.perf_counter()
             try:
-                update = await receive_update(request_iterator, self.engine.weight_specs())
+                update = await receive_update(
+                    request_iterator, self.engine.weight_specs(), self.engine.weight_receive_buffer()
+                )
                 if update.tensors is None:
                     apply_seconds = await self.engine.receive_weights_nccl(update.header)
                 else:

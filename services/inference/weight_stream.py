@@ -34,10 +34,13 @@ class ReceivedUpdate:
 
 
 async def receive_update(
-    messages: AsyncIterator[weights_pb2.WeightUpdateMessage], expected: dict[str, torch.Tensor]
+    messages: AsyncIterator[weights_pb2.WeightUpdateMessage],
+    expected: dict[str, torch.Tensor],
+    buffer: memoryview | None = None,
 ) -> ReceivedUpdate:
+    """`buffer`: where the engine wants the bytes assembled (`Engine.weight_receive_buffer`)."""
     try:
-        return await _receive(messages, expected)
+        return await _receive(messages, expected, buffer)
     except RequestError:
         # Read the client's stream to its end before the status goes out: a client still
         # sending when the call closes sees a transport error (INTERNAL) instead of the
@@ -48,7 +51,9 @@ async def receive_update(
 
 
 async def _receive(
-    messages: AsyncIterator[weights_pb2.WeightUpdateMessage], expected: dict[str, torch.Tensor]
+    messages: AsyncIterator[weights_pb2.WeightUpdateMessage],
+    expected: dict[str, torch.Tensor],
+    buffer: memoryview | None,
 ) -> ReceivedUpdate:
     first = await anext(messages, None)
     if first is None:
@@ -67,7 +72,7 @@ async def _receive(
                 "an NCCL update carries only the header; the tensors go over the collective",
             )
         return ReceivedUpdate(header, None, 0)
-    assembler = WeightAssembler(header, expected)
+    assembler = WeightAssembler(header, expected, buffer)
     async for message in messages:
         if message.WhichOneof("payload") != "chunk":
             raise RequestError("header", "UpdateWeights carries exactly one header, first")

@@ -98,7 +98,13 @@ class WeightAssembler:
     """Receives one update against the receiver's own tensors; every check fails with
     WireError before anything is applied."""
 
-    def __init__(self, header: weights_pb2.WeightUpdateHeader, expected: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        header: weights_pb2.WeightUpdateHeader,
+        expected: dict[str, torch.Tensor],
+        buffer: memoryview | None = None,
+    ):
+        """`buffer`: where to assemble (the receiver's staging area), else a new bytearray."""
         specs = list(header.tensors)
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
@@ -136,7 +142,7 @@ class WeightAssembler:
             )
         self.header = header
         self._layout = layout
-        self.buffer = bytearray(size)
+        self.buffer = bytearray(size) if buffer is None or len(buffer) != size else buffer
         self.received = 0
         self.next_index = 0
         self.digest = xxhash.xxh3_64()

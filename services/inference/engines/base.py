@@ -7,7 +7,7 @@ messages stay at those boundaries.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,6 +74,9 @@ class Engine(ABC):
     model_name: str
     vocab_size: int
     max_model_len: int
+    on_dead: Callable[[Exception], None] | None = None
+    """Called once if the engine dies without being asked to stop (its thread or process is
+    gone); the service then stops, so that the replica is restarted."""
 
     @abstractmethod
     async def start(self) -> None:
@@ -109,6 +112,11 @@ class Engine(ABC):
     def weight_specs(self) -> dict[str, torch.Tensor]:
         """The tensors a weight update must carry, by Hugging Face name (dtype and shape are
         what counts; the values may live on the meta device)."""
+
+    def weight_receive_buffer(self) -> memoryview | None:
+        """Where an update over gRPC is best assembled (it saves a copy), sized exactly for
+        the model's tensors; None: anywhere. Only one update uses it at a time."""
+        return None
 
     @abstractmethod
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:

@@ -153,21 +153,17 @@ async def test_a_cancelled_request_frees_its_slot_at_once():
     )
     await engine.start()
     try:
-        await engine.pause()
-        hog = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=40, temperature=1.0)))
+        hog = engine.stream([5, 6], SamplingParams(max_tokens=MAX_MODEL_LEN - 2, temperature=1.0))
+        await anext(hog)  # the hog holds the only slot
         queued = asyncio.create_task(engine.generate([7, 8], SamplingParams(max_tokens=3, temperature=1.0)))
-        await engine.resume()
-        while engine.status().running_requests == 0:
-            await asyncio.sleep(0.001)
         await engine.pause()
-        assert engine.status().waiting_requests == 1
-        hog.cancel()
+        assert engine.status().waiting_requests == 1 and engine.status().running_requests == 1
+        await hog.aclose()
         while engine.status().running_requests != 0:
             await asyncio.sleep(0.001)
         await engine.resume()
         [completion] = await queued
         assert len(completion.token_ids) == 3
-        assert hog.cancelled()
     finally:
         await engine.stop()
 

@@ -1,0 +1,214 @@
+"""The asyncio side of a torch engine core that runs elsewhere (a thread or a process).
+
+It numbers requests, turns the core's events back into futures and stream queues, mirrors
+the status the core reports with every output (so `status()` needs no round trip), and
+records the core's statistics as the `rlrun_inference_*` metrics. Subclasses say how
+commands reach the core (`_send`) and feed the core's outputs to `_deliver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Sequence
+
+from rlrun.common.errors import RequestError
+from rlrun.common.types import SamplingParams
+from rlrun.inference import metrics
+from rlrun.inference.engines.base import Completion, Engine, EngineStatus, ScoreResult, StreamDelta
+from rlrun.inference.engines.torch_core import (
+    DELTAS,
+    DONE,
+    END,
+    FAILED,
+    NCCL_UNSUPPORTED,
+    Cancel,
+    CoreOutput,
+    CoreStats,
+    Score,
+    SetPaused,
+    Submit,
+)
+from rlrun.inference.throughput import ThroughputMeter
+from rlrun.v1 import weights_pb2
+
+log = logging.getLogger(__name__)
+
+_STREAM_END = object()
+
+
+def record_stats(stats: CoreStats) -> None:
+    if stats.prompt_tokens:
+        metrics.PROMPT_TOKENS.inc(stats.prompt_tokens)
+    if stats.steps:
+        metrics.GENERATED_TOKENS.inc(stats.generated_tokens)
+        metrics.STEPS.inc(stats.steps)
+    for reason, count in stats.finished.items():
+        metrics.COMPLETIONS.labels(reason).inc(count)
+    for value in stats.time_to_first_token:
+        metrics.TIME_TO_FIRST_TOKEN.observe(value)
+    for value in stats.inter_token_latency:
+        metrics.INTER_TOKEN_LATENCY.observe(value)
+    for value in stats.request_latency:
+        metrics.REQUEST_LATENCY.observe(value)
+    metrics.RUNNING.set(stats.running_requests)
+    metrics.WAITING.set(stats.waiting_requests)
+
+
+class CoreClient(Engine):
+    name = "torch"
+
+    def __init__(self, *, model_name: str, vocab_size: int, max_model_len: int):
+        self.model_name = model_name
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
+        self._rids = itertools.count()
+        self._version = 0
+        self._paused = False
+        self._running_requests = 0
+        self._waiting_requests = 0
+        self._meter = ThroughputMeter()
+        self._closed: Exception | None = None
+
+    @abstractmethod
+    def _send(self, command) -> None:
+        """Hands a command to the core; never blocks the event loop."""
+
+    # -- the core's outputs ----------------------------------------------------------------------
+
+    def _deliver(self, output: CoreOutput) -> None:
+        stats = output.stats
+        record_stats(stats)
+        self._running_requests = stats.running_requests
+        self._waiting_requests = stats.waiting_requests
+        if stats.generated_tokens:
+            self._meter.add(stats.at, stats.generated_tokens)
+        pending = self._pending
+        for event in output.events:
+            kind, rid = event[0], event[1]
+            if kind == DELTAS:
+                queue = pending.get(rid)
+                if queue is not None:
+                    queue.put_nowait(event[2])
+                continue
+            target = pending.pop(rid, None)
+            if target is None:  # its caller went away (cancelled)
+                continue
+            if kind == END:
+                target.put_nowait(_STREAM_END)
+            elif kind == DONE:
+                if not target.done():
+                    target.set_result(event[2])
+            elif kind == FAILED:
+                if isinstance(target, asyncio.Queue):
+                    target.put_nowait(event[2])
+                elif not target.done():
+                    target.set_exception(event[2])
+
+    def _close(self, error: Exception, *, dead: bool) -> None:
+        """No core any more: every open call fails with `error`; `dead` means it was not asked to stop."""
+        if self._closed is None:
+            self._closed = error
+        pending, self._pending = self._pending, {}
+        for target in pending.values():
+            if isinstance(target, asyncio.Queue):
+                target.put_nowait(error)
+            elif not target.done():
+                target.set_exception(error)
+        if dead and self.on_dead is not None:
+            self.on_dead(error)
+
+    def _open(self, waiter: asyncio.Future | asyncio.Queue) -> int:
+        if self._closed is not None:
+            raise RuntimeError(f"the engine is not running: {self._closed}")
+        rid = next(self._rids)
+        self._pending[rid] = waiter
+        return rid
+
+    async def _call(self, make_command, on_result=None):
+        """Sends the command `make_command(rid)` and waits for its answer. `on_result(value)`
+        runs when the answer arrives, even if this call was cancelled by then."""
+        future = asyncio.get_running_loop().create_future()
+        if on_result is not None:
+            future.add_done_callback(lambda f: f.cancelled() or f.exception() or on_result(f.result()))
+        rid = self._open(future)
+        self._send(make_command(rid))
+        try:
+            return await future
+        finally:
+            self._pending.pop(rid, None)
+
+    # -- Engine ------------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def _set_version(self, version: int) -> None:
+        if version >= self._version:
+            self._version = version
+            metrics.POLICY_VERSION.set(version)
+
+    async def generate(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> list[Completion]:
+        future = asyncio.get_running_loop().create_future()
+        rid = self._open(future)
+        self._send(Submit(rid, list(prompt), params, False, time.perf_counter()))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(rid, None) is not None:
+                log.debug("request %r cancelled", request_id)
+                self._send(Cancel(rid))
+            raise
+
+    async def stream(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> AsyncIterator[list[StreamDelta]]:
+        queue: asyncio.Queue = asyncio.Queue()
+        rid = self._open(queue)
+        self._send(Submit(rid, list(prompt), params, True, time.perf_counter()))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is _STREAM_END:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished and self._pending.pop(rid, None) is not None:
+                log.debug("stream %r closed early", request_id)
+                self._send(Cancel(rid))
+
+    async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
+        return await self._call(lambda rid: Score(rid, list(token_ids), start, temperature))
+
+    async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
+        raise RequestError("header.transport", NCCL_UNSUPPORTED)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(
+            policy_version=self._version,
+            running_requests=self._running_requests,
+            waiting_requests=self._waiting_requests,
+            tokens_per_s=self._meter.rate(time.perf_counter()),
+            paused=self._paused,
+            model=self.model_name,
+            engine=self.name,
+            max_model_len=self.max_model_len,
+        )
+
+    async def pause(self) -> None:
+        self._paused = await self._call(lambda rid: SetPaused(rid, True))
+
+    async def resume(self) -> None:
+        self._paused = await self._call(lambda rid: SetPaused(rid, False))

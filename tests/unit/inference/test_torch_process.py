@@ -1,0 +1,153 @@
+"""The torch engine in a process of its own (`inference.engine_process = true`): the same
+answers as plain forward passes, weight updates through the shared staging area, and what
+happens when either side goes away."""
+
+import asyncio
+import glob
+import os
+import signal
+
+import pytest
+import torch
+
+from rlrun.common.config import load_config
+from rlrun.common.errors import RequestError
+from rlrun.common.model import build_model
+from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
+from rlrun.common.types import SamplingParams
+from rlrun.inference.engines.torch_engine import create_engine
+from rlrun.inference.engines.torch_process import TorchEngineProcess
+from rlrun.inference.weight_stream import receive_update
+
+from .conftest import REPO
+from .test_torch_engine import argmax_loop, recomputed_logprobs
+
+MAX_MODEL_LEN = 48
+
+
+def engine_config(seed: int = 3):
+    return load_config(
+        REPO / "configs/reverse_text.toml",
+        [
+            f"model.seed={seed}",
+            f"model.max_model_len={MAX_MODEL_LEN}",
+            "inference.max_batch_size=4",
+        ],
+    )
+
+
+async def messages_of(tensors, version):
+    for message in iter_update_messages(tensors, version):
+        yield message
+
+
+def staging_files() -> set[str]:
+    return set(glob.glob("/dev/shm/rlrun-weights-*"))
+
+
+def test_the_torch_engine_runs_in_its_own_process_by_default():
+    assert isinstance(create_engine(engine_config()), TorchEngineProcess)
+
+
+async def test_answers_updates_and_stop_match_the_in_process_model():
+    config = engine_config()
+    model = build_model(config.model)
+    files_before = staging_files()
+    engine = TorchEngineProcess(config)
+    await engine.start()
+    try:
+        assert engine.vocab_size == model.config.vocab_size
+        prompts = [[5, 6, 7, 8], [10, 11], [20, 21, 22], [30]]
+        greedy = SamplingParams(max_tokens=12, temperature=0.0)
+        results = await asyncio.gather(*[engine.generate(p, greedy) for p in prompts])
+        for prompt, [completion] in zip(prompts, results, strict=True):
+            assert completion.token_ids == argmax_loop(model, prompt, 12)
+            assert completion.finish_reason == "length"
+
+        [sampled] = await engine.generate([5, 6, 7], SamplingParams(max_tokens=10, temperature=0.8))
+        torch.testing.assert_close(
+            torch.tensor(sampled.logprobs),
+            recomputed_logprobs(model, [5, 6, 7], sampled.token_ids, 0.8),
+            atol=1e-4,
+            rtol=0,
+        )
+
+        # An update assembled straight into the staging area, as the gRPC servicer does it.
+        other = build_model(engine_config(seed=11).model)
+        update = await receive_update(
+            messages_of(broadcast_tensors(other), 2), engine.weight_specs(), engine.weight_receive_buffer()
+        )
+        assert engine._offsets_in_staging(update.tensors) is not None  # no copy on the way
+        await engine.update_weights(update.tensors, 2)
+        [after] = await engine.generate([5, 6, 7, 8], greedy)
+        assert after.token_ids == argmax_loop(other, [5, 6, 7, 8], 12)
+        assert (after.policy_version_start, after.policy_version_end) == (2, 2)
+        assert engine.status().policy_version == 2
+
+        # Tensors from anywhere else are copied in; a refused update changes nothing.
+        with pytest.raises(RequestError, match="older"):
+            await engine.update_weights(broadcast_tensors(model), 1)
+        [unchanged] = await engine.generate([5, 6, 7, 8], greedy)
+        assert unchanged.token_ids == after.token_ids and engine.policy_version == 2
+        await engine.update_weights({k: v.clone() for k, v in broadcast_tensors(model).items()}, 3)
+        [back] = await engine.generate([5, 6, 7, 8], greedy)
+        assert back.token_ids == argmax_loop(model, [5, 6, 7, 8], 12)
+
+        scored = await engine.score([5, 6, 7, 8, 9], 2, 1.0)
+        torch.testing.assert_close(
+            torch.tensor(scored.logprobs), recomputed_logprobs(model, [5, 6], [7, 8, 9], 1.0), atol=1e-4, rtol=0
+        )
+
+        await engine.pause()
+        held = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=30, n=2)))
+        while engine.status().waiting_requests == 0:
+            await asyncio.sleep(0.01)
+        assert engine.status().paused and not held.done()
+    finally:
+        await engine.stop()
+    assert [c.finish_reason for c in await held] == ["abort", "abort"]
+    assert staging_files() == files_before
+    with pytest.raises(RuntimeError, match="not running"):
+        await engine.generate([5], greedy)
+
+
+async def test_a_dead_engine_process_fails_open_requests_and_reports_itself():
+    engine = TorchEngineProcess(engine_config())
+    died = asyncio.get_running_loop().create_future()
+    engine.on_dead = died.set_result
+    await engine.start()
+    try:
+        await engine.pause()
+        waiting = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=4)))
+        while engine.status().waiting_requests == 0:
+            await asyncio.sleep(0.01)
+        os.kill(engine._process.pid, signal.SIGKILL)
+        error = await asyncio.wait_for(died, 30)
+        assert "exit code -9" in str(error)
+        with pytest.raises(RuntimeError, match="exit code -9"):
+            await waiting
+        with pytest.raises(RuntimeError, match="not running"):
+            await engine.generate([5], SamplingParams(max_tokens=2))
+    finally:
+        await engine.stop()
+
+
+def test_weight_staging_falls_back_to_the_temp_folder_when_tmpfs_is_full(monkeypatch, tmp_path):
+    from rlrun.inference.engines import torch_process
+
+    monkeypatch.setattr(torch_process, "staging_directories", lambda: [str(tmp_path / "full"), str(tmp_path)])
+    (tmp_path / "full").mkdir()
+    reserve = os.posix_fallocate
+
+    def full_disk(fd, offset, length):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "full")):
+            raise OSError(28, "No space left on device")
+        reserve(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full_disk)
+    path, mapping = torch_process._create_staging(4096)
+    assert os.path.dirname(path) == str(tmp_path) and len(mapping) == 4096
+    assert os.listdir(tmp_path / "full") == []
+    monkeypatch.setattr(torch_process, "staging_directories", lambda: [str(tmp_path / "full")])
+    with pytest.raises(RuntimeError, match="no room for 4096 bytes"):
+        torch_process._create_staging(4096)
