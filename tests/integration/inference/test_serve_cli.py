@@ -1,4 +1,5 @@
-"""`rlrun serve inference` as a process: the ready line, --require-version, SIGTERM."""
+"""`rlrun serve inference` as a process: the ready line, --require-version, SIGTERM, and a
+dead engine process."""
 
 import asyncio
 import os
@@ -15,9 +16,9 @@ from rlrun.v1 import inference_pb2_grpc
 from .conftest import REPO, other_weights, run_config
 
 
-async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_path):
+async def serve_inference(tmp_path, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    process = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "rlrun.cli",
@@ -29,19 +30,27 @@ async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_pat
         f'output_dir="{tmp_path}"',
         "--port",
         "0",
-        "--require-version",
-        "1",
         "--log-dir",
         str(tmp_path),
+        *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
         env=env,
     )
+
+
+async def ready_address(process) -> str:
+    line = (await asyncio.wait_for(process.stdout.readline(), timeout=120)).decode()
+    match = re.fullmatch(r"rlrun inference listening on (127\.0\.0\.1:\d+)\n", line)
+    assert match, line
+    return match.group(1)
+
+
+async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_path):
+    process = await serve_inference(tmp_path, "--require-version", "1")
     try:
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=120)).decode()
-        match = re.fullmatch(r"rlrun inference listening on (127\.0\.0\.1:\d+)\n", line)
-        assert match, line
-        async with open_channel(match.group(1), ClientOptions(deadline_s=30)) as channel:
+        address = await ready_address(process)
+        async with open_channel(address, ClientOptions(deadline_s=30)) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             reply = await health.Check(health_pb2.HealthCheckRequest())
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -52,6 +61,28 @@ async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_pat
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def engine_process_of(pid: int) -> int:
+    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    for child in map(int, children):
+        if "spawn_main" in open(f"/proc/{child}/cmdline").read():
+            return child
+    raise AssertionError(f"no engine process under {pid}: {children}")
+
+
+async def test_a_replica_whose_engine_process_dies_stops_with_an_error(tmp_path):
+    process = await serve_inference(tmp_path)
+    try:
+        await ready_address(process)
+        os.kill(engine_process_of(process.pid), signal.SIGKILL)
+        assert await asyncio.wait_for(process.wait(), timeout=60) == 1
+        log = (tmp_path / "inference.log").read_text()
+        assert "the engine process exited unexpectedly (exit code -9)" in log
     finally:
         if process.returncode is None:
             process.kill()

@@ -151,3 +151,12 @@ def test_weight_staging_falls_back_to_the_temp_folder_when_tmpfs_is_full(monkeyp
     monkeypatch.setattr(torch_process, "staging_directories", lambda: [str(tmp_path / "full")])
     with pytest.raises(RuntimeError, match="no room for 4096 bytes"):
         torch_process._create_staging(4096)
+
+
+async def test_a_model_that_fails_to_load_fails_start_with_the_exit_code(tmp_path):
+    config = engine_config()
+    config.model.path = tmp_path / "no-such-checkpoint"
+    engine = TorchEngineProcess(config)
+    with pytest.raises(RuntimeError, match=r"exited while loading the model \(exit code 1\)"):
+        await engine.start()
+    await engine.stop()
