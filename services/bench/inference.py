@@ -5,7 +5,9 @@ All on the demo's tiny model (configs/reverse_text.toml), one torch thread per p
 - (b) the service (`rlrun serve inference`, its own process) under 32 concurrent gRPC
   Generate clients;
 - (c) sequential per-request transformers `generate` with the same weights.
-Ratios: b/a (target >= 0.8) and b/c (target >= 8). Also a weight update (UpdateWeights to the
+Ratios: b/a (target >= 0.8) and b/c (target >= 8). Also (b) without gRPC: the same engine
+process driven by clients in the bench process, which separates the engine's own cost from
+the gRPC front end's. Also a weight update (UpdateWeights to the
 service) against a raw gRPC client stream of the same messages into a sink that only
 receives them (target >= 0.8). Every request decodes exactly `max_tokens` tokens (no stop
 tokens), so every figure counts the same work. The last stdout line is JSON.
@@ -32,6 +34,8 @@ from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import SlotKVCache, arch_dict, build_model
 from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
+from rlrun.common.types import SamplingParams
+from rlrun.inference.engines.torch_process import TorchEngineProcess
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2, weights_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +173,33 @@ async def service_tok_s(stub, vocab: int, requests_per_client: int) -> float:
     return sum(generated) / (time.perf_counter() - started)
 
 
+async def engine_process_tok_s(config: RunConfig, vocab: int, requests_per_client: int, rounds: int) -> float:
+    """(b) without gRPC: the service's engine process driven by 32 clients in this process.
+    What the engine itself sustains; the rest of the gap to (a) is the gRPC front end and
+    its clients sharing the machine."""
+    engine = TorchEngineProcess(config)
+    await engine.start()
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)
+
+    async def client(index: int, count: int) -> int:
+        generated = 0
+        for prompt in random_prompts(count, vocab, 2000 + index):
+            [completion] = await engine.generate(prompt, params)
+            generated += len(completion.token_ids)
+        return generated
+
+    try:
+        await asyncio.gather(*[client(i, 1) for i in range(BATCH)])  # warm-up
+        best = 0.0
+        for _ in range(rounds):
+            started = time.perf_counter()
+            generated = sum(await asyncio.gather(*[client(i, requests_per_client) for i in range(BATCH)]))
+            best = max(best, generated / (time.perf_counter() - started))
+        return best
+    finally:
+        await engine.stop()
+
+
 # -- weight update vs a raw stream of the same bytes -------------------------------------
 
 
@@ -252,12 +283,15 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     finally:
         process.terminate()
         await process.wait()
+    engine = await engine_process_tok_s(config, vocab, requests_per_client=3 if quick else 8, rounds=rounds)
     sequential = sequential_generate_tok_s(config, requests=3 if quick else 12)
     limit, service = max(limits), max(served)
     return {
         "limit_tok_s": round(limit, 1),
         "service_tok_s": round(service, 1),
         "sequential_tok_s": round(sequential, 1),
+        "engine_process_tok_s": round(engine, 1),
+        "engine_process_ratio_vs_limit": round(engine / limit, 3),
         "ratio_vs_limit": round(service / limit, 3),
         "ratio_vs_sequential": round(service / sequential, 2),
         "weight_update_s": round(update_s, 5),
@@ -280,6 +314,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"(a) raw batched decode loop, batch {BATCH}:      {result['limit_tok_s']:>10.1f} tok/s")
     print(f"(b) service, {BATCH} concurrent gRPC clients:    {result['service_tok_s']:>10.1f} tok/s")
     print(f"(c) sequential transformers generate:        {result['sequential_tok_s']:>10.1f} tok/s")
+    print(
+        f"    (b) without gRPC, the engine process alone: {result['engine_process_tok_s']:>9.1f} tok/s "
+        f"({result['engine_process_ratio_vs_limit']:.3f} of a)"
+    )
     print(
         f"b/a = {result['ratio_vs_limit']:.3f} (target >= 0.8)   b/c = {result['ratio_vs_sequential']:.2f} (target >= 8)"
     )

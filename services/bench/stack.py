@@ -31,7 +31,8 @@ from rlrun.trainer.learner import build_learner
 
 async def in_process_loop(steps: int) -> float:
     """Seconds for `steps` RL steps of the demo in one process."""
-    config = load_config(DEMO_CONFIG, timing_overrides(steps))
+    # The engine on a thread of this process: the baseline has no second process at all.
+    config = load_config(DEMO_CONFIG, [*timing_overrides(steps), "inference.engine_process=false"])
     orch = config.orchestrator
     env_cfg = orch.train.env[0]
     env = make_env(env_cfg.id, env_cfg.args)
