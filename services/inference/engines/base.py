@@ -131,6 +131,18 @@ class Engine(ABC):
     @abstractmethod
     def status(self) -> EngineStatus: ...
 
+    def _status(self, *, running: int, waiting: int, tokens_per_s: float, paused: bool) -> EngineStatus:
+        return EngineStatus(
+            policy_version=self.policy_version,
+            running_requests=running,
+            waiting_requests=waiting,
+            tokens_per_s=tokens_per_s,
+            paused=paused,
+            model=self.model_name,
+            engine=self.name,
+            max_model_len=self.max_model_len,
+        )
+
     @abstractmethod
     async def pause(self) -> None:
         """No decode step runs until `resume`; running requests are held, not aborted."""

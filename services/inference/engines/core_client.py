@@ -196,15 +196,11 @@ class CoreClient(Engine):
         raise RequestError("header.transport", NCCL_UNSUPPORTED)
 
     def status(self) -> EngineStatus:
-        return EngineStatus(
-            policy_version=self._version,
-            running_requests=self._running_requests,
-            waiting_requests=self._waiting_requests,
+        return self._status(
+            running=self._running_requests,
+            waiting=self._waiting_requests,
             tokens_per_s=self._meter.rate(time.perf_counter()),
             paused=self._paused,
-            model=self.model_name,
-            engine=self.name,
-            max_model_len=self.max_model_len,
         )
 
     async def pause(self) -> None:

@@ -346,7 +346,9 @@ class TorchEngineCore:
     def _steady_step(self) -> None:
         """A step over an unchanged batch: every input is already a tensor."""
         slot_ids, position_ids = self._next_inputs
-        hidden = self.model.hidden_states(self._next_tokens, position_ids, self.cache.step(slot_ids, position_ids))
+        hidden = self.model.hidden_states(
+            self._next_tokens, position_ids, self.cache.step(slot_ids, position_ids)
+        )
         tokens, logprobs = self._sampler.sample(self.model.lm_head(hidden), self._generator)
         self._record(tokens.tolist(), logprobs.tolist())
         if self._sampler is not None:
@@ -515,7 +517,9 @@ class TorchEngineCore:
                 for job, base in zip(jobs, offsets, strict=False)
                 for r in range(base + job.start - 1, base + len(job.token_ids) - 1)
             ]
-            temperatures = [job.temperature or 1.0 for job in jobs for _ in range(job.start, len(job.token_ids))]
+            temperatures = [
+                job.temperature or 1.0 for job in jobs for _ in range(job.start, len(job.token_ids))
+            ]
             hidden = self.model.hidden_states(ids, positions, attend)
             row_index = torch.tensor(rows, device=self.device)
             logits = self.model.lm_head(hidden.index_select(0, row_index)).float()

@@ -63,7 +63,9 @@ class TorchEngine(CoreClient):
         max_waiting: int,
         seed: int | None = None,
     ):
-        super().__init__(model_name=model_name, vocab_size=model.config.vocab_size, max_model_len=max_model_len)
+        super().__init__(
+            model_name=model_name, vocab_size=model.config.vocab_size, max_model_len=max_model_len
+        )
         self.core = TorchEngineCore(
             model,
             max_model_len=max_model_len,

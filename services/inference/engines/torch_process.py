@@ -267,7 +267,10 @@ class TorchEngineProcess(CoreClient):
         ours, theirs = socket.socketpair()
         context = multiprocessing.get_context("spawn")
         self._process = context.Process(
-            target=_engine_process_main, args=(self.config, theirs), name="rlrun-inference-engine", daemon=True
+            target=_engine_process_main,
+            args=(self.config, theirs),
+            name="rlrun-inference-engine",
+            daemon=True,
         )
         started = time.perf_counter()
         self._process.start()
@@ -277,9 +280,13 @@ class TorchEngineProcess(CoreClient):
             ready = await _read(reader)
         except (asyncio.IncompleteReadError, ConnectionError) as error:
             code = await asyncio.to_thread(self._join, 10)
-            raise RuntimeError(f"the engine process exited while loading the model (exit code {code})") from error
+            raise RuntimeError(
+                f"the engine process exited while loading the model (exit code {code})"
+            ) from error
         self.vocab_size = ready.vocab_size
-        self._specs = {name: torch.empty(shape, dtype=dtype, device="meta") for name, dtype, shape in ready.specs}
+        self._specs = {
+            name: torch.empty(shape, dtype=dtype, device="meta") for name, dtype, shape in ready.specs
+        }
         self._offsets, size = canonical_offsets(ready.specs)
         self._staging_path, self._staging_map = _create_staging(size)
         self._staging = torch.frombuffer(self._staging_map, dtype=torch.uint8, count=size)
@@ -357,7 +364,11 @@ class TorchEngineProcess(CoreClient):
         offsets = {}
         for name, tensor in tensors.items():
             start = tensor.data_ptr()
-            if tensor.device.type != "cpu" or not tensor.is_contiguous() or not base <= start <= end - tensor.nbytes:
+            if (
+                tensor.device.type != "cpu"
+                or not tensor.is_contiguous()
+                or not base <= start <= end - tensor.nbytes
+            ):
                 return None
             offsets[name] = start - base
         return offsets
@@ -371,7 +382,9 @@ class TorchEngineProcess(CoreClient):
             offsets = self._offsets
         layout = None if offsets == self._offsets else offsets
         future = asyncio.ensure_future(
-            self._call(lambda rid: _ApplyStaged(rid, version, layout), on_result=lambda _: self._set_version(version))
+            self._call(
+                lambda rid: _ApplyStaged(rid, version, layout), on_result=lambda _: self._set_version(version)
+            )
         )
         try:
             return await asyncio.shield(future)

@@ -355,15 +355,11 @@ class VllmEngine(Engine):
         return time.perf_counter() - started
 
     def status(self) -> EngineStatus:
-        return EngineStatus(
-            policy_version=self._version,
-            running_requests=self._in_flight,
-            waiting_requests=0,
+        return self._status(
+            running=self._in_flight,
+            waiting=0,
             tokens_per_s=self._meter.rate(time.perf_counter()),
             paused=self._paused,
-            model=self.model_name,
-            engine=self.name,
-            max_model_len=self.max_model_len,
         )
 
     async def pause(self) -> None:

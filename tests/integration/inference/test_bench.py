@@ -22,5 +22,10 @@ def test_quick_bench_prints_the_ratios(tmp_path):
     )
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert json.loads(output.read_text()) == last
-    for key in ("ratio_vs_limit", "ratio_vs_sequential", "weights_ratio_vs_raw", "engine_process_ratio_vs_limit"):
+    for key in (
+        "ratio_vs_limit",
+        "ratio_vs_sequential",
+        "weights_ratio_vs_raw",
+        "engine_process_ratio_vs_limit",
+    ):
         assert last[key] > 0

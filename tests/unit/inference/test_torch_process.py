@@ -95,7 +95,10 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
 
         scored = await engine.score([5, 6, 7, 8, 9], 2, 1.0)
         torch.testing.assert_close(
-            torch.tensor(scored.logprobs), recomputed_logprobs(model, [5, 6], [7, 8, 9], 1.0), atol=1e-4, rtol=0
+            torch.tensor(scored.logprobs),
+            recomputed_logprobs(model, [5, 6], [7, 8, 9], 1.0),
+            atol=1e-4,
+            rtol=0,
         )
 
         await engine.pause()
