@@ -69,7 +69,9 @@ def raw_decode_tok_s(config: RunConfig, rounds: int) -> float:
             started = time.perf_counter()
             positions = torch.arange(PROMPT_LEN).repeat(BATCH)
             hidden = model.hidden_states(
-                prompts.flatten(), positions, cache.step(slots.repeat_interleave(PROMPT_LEN), positions)
+                prompts.flatten(),
+                positions,
+                cache.step(slots.repeat_interleave(PROMPT_LEN), positions, [PROMPT_LEN] * BATCH),
             )
             logits = model.lm_head(hidden[PROMPT_LEN - 1 :: PROMPT_LEN])
             for step in range(MAX_TOKENS):

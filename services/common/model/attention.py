@@ -5,7 +5,8 @@ attention context decides what each token may see:
   attention done by scattering into a right-padded batch, so no token sees another
   sequence and padding never reaches a real query.
 - SlotKVCache: continuous batching. Every running sequence owns a cache slot; each token
-  writes its K/V at (slot, position) and attends to its slot's positions up to its own.
+  writes its K/V at (slot, position). A running sequence's next token attends to its slot's
+  positions up to its own; a newly admitted prompt attends causally within itself.
 """
 
 from __future__ import annotations
@@ -70,35 +71,77 @@ class SlotKVCache:
         self.max_len = max_len
         self.slots = slots
 
-    def step(self, slot_ids: torch.Tensor, positions: torch.Tensor) -> CachedStep:
-        return CachedStep(self, slot_ids, positions)
+    def step(
+        self, slot_ids: torch.Tensor, positions: torch.Tensor, prompt_lengths: list[int] | tuple[int, ...] = ()
+    ) -> CachedStep:
+        """A forward over `len(slot_ids)` tokens: first one next token per running sequence
+        (distinct slots), then the whole prompts of newly admitted sequences, back to back,
+        each from position 0 and in a slot of its own (`prompt_lengths`)."""
+        prompts = None
+        if prompt_lengths:
+            offsets = [0]
+            for length in prompt_lengths:
+                offsets.append(offsets[-1] + length)
+            prompts = PackedCausal(torch.tensor(offsets))
+        return CachedStep(self, slot_ids, positions, len(slot_ids) - sum(prompt_lengths), prompts)
 
 
 @dataclass
 class CachedStep:
-    """One forward over tokens of running sequences: token t belongs to slot_ids[t] at positions[t]."""
+    """Token t writes its K/V at (slot_ids[t], positions[t]). The first `decode` tokens attend
+    to their slot's cache up to their position; the prompts after them attend causally within
+    themselves (a fresh sequence has nothing cached yet, so its prompt needs no cache read)."""
 
     cache: SlotKVCache
     slot_ids: torch.Tensor
     positions: torch.Tensor
+    decode: int
+    prompts: PackedCausal | None = None
 
     def __post_init__(self) -> None:
-        span = int(self.positions.max()) + 1
-        self.span = span
-        # Token t sees cache positions 0..positions[t] of its own slot.
-        self.visible = torch.arange(span, device=self.positions.device)[None, :] <= self.positions[:, None]
+        if not self.decode:
+            return
+        slot_ids, positions = self.slot_ids[: self.decode], self.positions[: self.decode]
+        self.span = int(positions.max()) + 1
+        self.used = int(slot_ids.max()) + 1
+        # With the running slots packed low (the scheduler reuses the most recently freed
+        # slot), attending over every slot below the highest one reads the cache in place;
+        # gathering each sequence's slot copies span x heads x dim per token, which costs more.
+        self.in_place = self.used <= 2 * self.decode
+        arange = torch.arange(self.span, device=positions.device)[None, :]
+        if self.in_place:
+            # Free slots in range attend to position 0 only: finite, and never read back.
+            slot_positions = torch.zeros(self.used, dtype=positions.dtype, device=positions.device)
+            slot_positions[slot_ids] = positions
+            self.visible = arange <= slot_positions[:, None]
+        else:
+            self.visible = arange <= positions[:, None]
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ck, cv = self.cache.k[layer], self.cache.v[layer]
         ck[self.slot_ids, self.positions] = k
         cv[self.slot_ids, self.positions] = v
-        keys = ck[self.slot_ids, : self.span].transpose(1, 2)  # [T, KV, S, D]
-        values = cv[self.slot_ids, : self.span].transpose(1, 2)
-        groups = q.shape[1] // k.shape[1]
-        out = F.scaled_dot_product_attention(
-            q[:, :, None, :],
-            _expand_kv(keys, groups),
-            _expand_kv(values, groups),
-            attn_mask=self.visible[:, None, None, :],
-        )
-        return out[:, :, 0, :]
+        n = self.decode
+        parts = []
+        if n:
+            slot_ids = self.slot_ids[:n]
+            groups = q.shape[1] // k.shape[1]
+            if self.in_place:
+                keys = ck[: self.used, : self.span].transpose(1, 2)  # views: [used, KV, S, D]
+                values = cv[: self.used, : self.span].transpose(1, 2)
+                queries = q.new_zeros((self.used, q.shape[1], 1, q.shape[2]))
+                queries[slot_ids] = q[:n, :, None, :]
+            else:
+                keys = ck[slot_ids, : self.span].transpose(1, 2)  # [n, KV, S, D]
+                values = cv[slot_ids, : self.span].transpose(1, 2)
+                queries = q[:n, :, None, :]
+            out = F.scaled_dot_product_attention(
+                queries,
+                _expand_kv(keys, groups),
+                _expand_kv(values, groups),
+                attn_mask=self.visible[:, None, None, :],
+            )
+            parts.append(out[slot_ids, :, 0, :] if self.in_place else out[:, :, 0, :])
+        if self.prompts is not None:
+            parts.append(self.prompts(layer, q[n:], k[n:], v[n:]))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -313,10 +313,12 @@ class TorchEngineCore:
         positions = [s.next_position() for s in decoding]
         slots = [s.slot for s in decoding]
         keep = list(range(len(decoding)))
+        prompt_lengths = []
         new_samples: list[_Sample] = []
         for admission in admissions:
             request = admission.key
             length = len(request.prompt)
+            prompt_lengths.append(length)
             ids += request.prompt
             positions += range(length)
             slots += [admission.slots[0]] * length
@@ -330,7 +332,8 @@ class TorchEngineCore:
         input_ids = torch.tensor(ids, device=self.device)
         position_ids = torch.tensor(positions, device=self.device)
         slot_ids = torch.tensor(slots, device=self.device)
-        hidden = self.model.hidden_states(input_ids, position_ids, self.cache.step(slot_ids, position_ids))
+        step = self.cache.step(slot_ids, position_ids, prompt_lengths)
+        hidden = self.model.hidden_states(input_ids, position_ids, step)
         if admissions:
             hidden = hidden.index_select(0, torch.tensor(keep, device=self.device))
             self._fan_out_prefixes(admissions)

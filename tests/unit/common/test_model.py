@@ -80,17 +80,24 @@ def test_kv_cache_prefill_and_decode_match_a_full_forward(pair):
         ids = torch.cat([a[:5], b[:3]])
         slots = torch.tensor([2] * 5 + [0] * 3)
         pos = torch.cat([torch.arange(5), torch.arange(3)])
-        out = model(ids, pos, cache.step(slots, pos))
+        out = model(ids, pos, cache.step(slots, pos, [5, 3]))
         torch.testing.assert_close(out[:5], full_a[:5], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(out[5:], full_b[:3], atol=1e-5, rtol=1e-4)
-        for p in range(3, 6):
-            step = model(
-                torch.stack([a[p + 2], b[p]]),
-                torch.tensor([p + 2, p]),
-                cache.step(torch.tensor([2, 0]), torch.tensor([p + 2, p])),
-            )
-            torch.testing.assert_close(step[0], full_a[p + 2], atol=1e-5, rtol=1e-4)
-            torch.testing.assert_close(step[1], full_b[p], atol=1e-5, rtol=1e-4)
+        for p in range(3, 5):  # slots 0 and 2 of 0..2 running: attended in place
+            step = cache.step(torch.tensor([2, 0]), torch.tensor([p + 2, p]))
+            assert step.in_place
+            out = model(torch.stack([a[p + 2], b[p]]), torch.tensor([p + 2, p]), step)
+            torch.testing.assert_close(out[0], full_a[p + 2], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(out[1], full_b[p], atol=1e-5, rtol=1e-4)
+        # a alone in slot 2 (slots 0..2 mostly free: gathered), while c's prompt joins in slot 1
+        c = torch.randint(0, cfg.vocab_size, (4,))
+        step = cache.step(torch.tensor([2, 1, 1, 1, 1]), torch.tensor([7, 0, 1, 2, 3]), [4])
+        assert not step.in_place
+        out = model(torch.cat([a[7:8], c]), torch.tensor([7, 0, 1, 2, 3]), step)
+        torch.testing.assert_close(out[0], full_a[7], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(out[1:], hf(c[None]).logits[0], atol=1e-5, rtol=1e-4)
+        step = model(a[8:9], torch.tensor([8]), cache.step(torch.tensor([2]), torch.tensor([8])))
+        torch.testing.assert_close(step[0], full_a[8], atol=1e-5, rtol=1e-4)
 
 
 def test_seeded_init_is_reproducible_and_seed_dependent():
