@@ -72,7 +72,10 @@ class SlotKVCache:
         self.slots = slots
 
     def step(
-        self, slot_ids: torch.Tensor, positions: torch.Tensor, prompt_lengths: list[int] | tuple[int, ...] = ()
+        self,
+        slot_ids: torch.Tensor,
+        positions: torch.Tensor,
+        prompt_lengths: list[int] | tuple[int, ...] = (),
     ) -> CachedStep:
         """A forward over `len(slot_ids)` tokens: first one next token per running sequence
         (distinct slots), then the whole prompts of newly admitted sequences, back to back,
