@@ -305,9 +305,14 @@ class TorchEngineCore:
 
     def _decode(self) -> None:
         admissions = self._scheduler.admit()
-        if not admissions and self._next_inputs is not None:
+        if admissions or self._next_inputs is None:
+            self._mixed_step(admissions)
+        else:
             self._steady_step()
-            return
+
+    def _mixed_step(self, admissions: list[Admission[_Request]]) -> None:
+        """A step whose inputs are built from the samples: prompts join the batch, or it
+        changed in a way the tensors of the last step do not describe (a cancellation)."""
         decoding = self._running
         ids = [s.tokens[-1] for s in decoding]
         positions = [s.next_position() for s in decoding]
@@ -329,34 +334,45 @@ class TorchEngineCore:
             self._running = decoding + new_samples
             self._batch_changed()
             self._stats.prompt_tokens += sum(len(a.key.prompt) * len(a.slots) for a in admissions)
-        input_ids = torch.tensor(ids, device=self.device)
         position_ids = torch.tensor(positions, device=self.device)
-        slot_ids = torch.tensor(slots, device=self.device)
-        step = self.cache.step(slot_ids, position_ids, prompt_lengths)
-        hidden = self.model.hidden_states(input_ids, position_ids, step)
+        step = self.cache.step(torch.tensor(slots, device=self.device), position_ids, prompt_lengths)
+        hidden = self.model.hidden_states(torch.tensor(ids, device=self.device), position_ids, step)
         if admissions:
             hidden = hidden.index_select(0, torch.tensor(keep, device=self.device))
             self._fan_out_prefixes(admissions)
-        logits = self.model.lm_head(hidden)
-        if self._sampler is None:
-            self._sampler = BatchSampler([s.settings for s in self._running], self.device)
-        tokens, logprobs = self._sampler.sample(logits, self._generator)
+        tokens, logprobs = self._sample(self.model.lm_head(hidden))
         self._record(tokens.tolist(), logprobs.tolist())
-        if not admissions and self._sampler is not None:
-            self._next_tokens = tokens
-            self._next_inputs = (slot_ids, position_ids + 1)
+        running = self._running
+        self._next_inputs = None
+        if running:
+            self._next_tokens = torch.tensor([s.tokens[-1] for s in running], device=self.device)
+            self._next_inputs = (
+                torch.tensor([s.slot for s in running], device=self.device),
+                torch.tensor([s.next_position() for s in running], device=self.device),
+            )
 
     def _steady_step(self) -> None:
-        """A step over an unchanged batch: every input is already a tensor."""
+        """A step over the sequences of the last one: every input is already a tensor. Rows
+        that finish are dropped from the next step's tensors, so it stays on this path."""
         slot_ids, position_ids = self._next_inputs
         hidden = self.model.hidden_states(
             self._next_tokens, position_ids, self.cache.step(slot_ids, position_ids)
         )
-        tokens, logprobs = self._sampler.sample(self.model.lm_head(hidden), self._generator)
-        self._record(tokens.tolist(), logprobs.tolist())
-        if self._sampler is not None:
-            self._next_tokens = tokens
-            self._next_inputs = (slot_ids, position_ids + 1)
+        tokens, logprobs = self._sample(self.model.lm_head(hidden))
+        kept = self._record(tokens.tolist(), logprobs.tolist())
+        if kept is not None:
+            if not kept:
+                self._next_inputs = None
+                return
+            index = torch.tensor(kept, device=self.device)
+            tokens, slot_ids, position_ids = tokens[index], slot_ids[index], position_ids[index]
+        self._next_tokens = tokens
+        self._next_inputs = (slot_ids, position_ids + 1)
+
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._sampler is None:
+            self._sampler = BatchSampler([s.settings for s in self._running], self.device)
+        return self._sampler.sample(logits, self._generator)
 
     def _new_samples(self, admission: Admission[_Request]) -> list[_Sample]:
         request = admission.key
@@ -388,7 +404,9 @@ class TorchEngineCore:
             for store in (*self.cache.k, *self.cache.v):
                 store[targets, :length] = store[source, :length]
 
-    def _record(self, tokens: list[int], logprobs: list[float]) -> None:
+    def _record(self, tokens: list[int], logprobs: list[float]) -> list[int] | None:
+        """Appends each running sample's token; returns the rows still running when some
+        finished (None: all carry on)."""
         now = time.perf_counter()
         version = self.version
         stats = self._stats
@@ -420,12 +438,15 @@ class TorchEngineCore:
         stats.at = now
         if deltas:
             self._events.extend((DELTAS, rid, items) for rid, items in deltas.items())
-        if finished:
-            done = {id(s) for s, _ in finished}
-            self._running = [s for s in self._running if id(s) not in done]
-            self._batch_changed()
-            for sample, reason in finished:
-                self._finish(sample, reason, version, now)
+        if not finished:
+            return None
+        done = {id(s) for s, _ in finished}
+        kept = [row for row, s in enumerate(self._running) if id(s) not in done]
+        self._running = [self._running[row] for row in kept]
+        self._sampler = None
+        for sample, reason in finished:
+            self._finish(sample, reason, version, now)
+        return kept
 
     def _finish(self, sample: _Sample, reason: FinishReason, version: int, now: float) -> None:
         self._scheduler.release(sample.slot)
