@@ -48,6 +48,31 @@ async def test_greedy_output_equals_a_forward_argmax_loop_while_batched(engine, 
             assert completion.finish_reason == "length"
 
 
+async def test_outputs_stay_exact_as_sequences_finish_and_join_at_different_steps(engine, model):
+    # Rows that finish leave the batch between two steps; the rest carry on, and a request
+    # admitted later joins them. A sampled row among greedy ones checks that each row keeps
+    # its own settings as the rows shift.
+    lengths = (3, 7, 12, 20)
+    greedy = [
+        asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=n, temperature=0.0)))
+        for p, n in zip(PROMPTS, lengths, strict=True)
+    ]
+    sampled = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_tokens=18, temperature=0.7)))
+    await greedy[0]
+    late = await engine.generate([30, 31, 32], SamplingParams(max_tokens=9, temperature=0.0))
+    for prompt, n, task in zip(PROMPTS, lengths, greedy, strict=True):
+        [completion] = await task
+        assert completion.token_ids == argmax_loop(model, prompt, n)
+    assert late[0].token_ids == argmax_loop(model, [30, 31, 32], 9)
+    [completion] = await sampled
+    torch.testing.assert_close(
+        torch.tensor(completion.logprobs),
+        recomputed_logprobs(model, PROMPTS[0], completion.token_ids, 0.7),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
 async def test_logprobs_equal_a_recomputed_forward_pass(engine, model):
     settings = [
         SamplingParams(max_tokens=25, temperature=0.8, n=3),
