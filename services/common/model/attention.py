@@ -31,6 +31,8 @@ class PackedCausal:
         lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
         self.lengths = lengths
         self.max_len = int(lengths.max()) if len(lengths) else 0
+        if len(lengths) == 1:
+            return  # one sequence is its own padded batch: no scatter
         seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
         self.rows = seq
         self.cols = torch.arange(int(self.cu_seqlens[-1])) - self.cu_seqlens[:-1][seq]
@@ -40,6 +42,8 @@ class PackedCausal:
         n, length = len(self.lengths), self.max_len
 
         def pad(x: torch.Tensor) -> torch.Tensor:
+            if n == 1:  # one sequence is its own padded batch
+                return x[None].transpose(1, 2)
             out = x.new_zeros((n, length, *x.shape[1:]))
             out[self.rows, self.cols] = x
             return out.transpose(1, 2)  # [n, heads, L, D]
@@ -48,8 +52,8 @@ class PackedCausal:
         groups = q.shape[1] // k.shape[1]
         out = F.scaled_dot_product_attention(
             qp, _expand_kv(kp, groups), _expand_kv(vp, groups), is_causal=True
-        )
-        return out.transpose(1, 2)[self.rows, self.cols]
+        ).transpose(1, 2)  # [n, L, heads, D]
+        return out[0] if n == 1 else out[self.rows, self.cols]
 
 
 class SlotKVCache:
