@@ -157,22 +157,27 @@ async def start_service(log_dir: Path) -> tuple[asyncio.subprocess.Process, str]
     return process, match.group(1)
 
 
+async def clients_tok_s(generate, vocab: int, requests_per_client: int) -> float:
+    """Generated tok/s of 32 concurrent clients, each sending its requests one after another;
+    `generate(prompt)` returns the number of tokens generated."""
+
+    async def client(index: int) -> int:
+        return sum([await generate(p) for p in random_prompts(requests_per_client, vocab, 1000 + index)])
+
+    started = time.perf_counter()
+    generated = await asyncio.gather(*[client(i) for i in range(BATCH)])
+    return sum(generated) / (time.perf_counter() - started)
+
+
 async def service_tok_s(stub, vocab: int, requests_per_client: int) -> float:
     sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
 
-    async def client(index: int, count: int) -> int:
-        generated = 0
-        for prompt in random_prompts(count, vocab, 1000 + index):
-            reply = await stub.Generate(
-                inference_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling)
-            )
-            generated += len(reply.completions[0].token_ids)
-        return generated
+    async def generate(prompt: list[int]) -> int:
+        reply = await stub.Generate(inference_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling))
+        return len(reply.completions[0].token_ids)
 
-    await asyncio.gather(*[client(i, 1) for i in range(BATCH)])  # warm-up
-    started = time.perf_counter()
-    generated = await asyncio.gather(*[client(i, requests_per_client) for i in range(BATCH)])
-    return sum(generated) / (time.perf_counter() - started)
+    await clients_tok_s(generate, vocab, 1)  # warm-up
+    return await clients_tok_s(generate, vocab, requests_per_client)
 
 
 async def engine_process_tok_s(config: RunConfig, vocab: int, requests_per_client: int, rounds: int) -> float:
@@ -183,21 +188,13 @@ async def engine_process_tok_s(config: RunConfig, vocab: int, requests_per_clien
     await engine.start()
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)
 
-    async def client(index: int, count: int) -> int:
-        generated = 0
-        for prompt in random_prompts(count, vocab, 2000 + index):
-            [completion] = await engine.generate(prompt, params)
-            generated += len(completion.token_ids)
-        return generated
+    async def generate(prompt: list[int]) -> int:
+        [completion] = await engine.generate(prompt, params)
+        return len(completion.token_ids)
 
     try:
-        await asyncio.gather(*[client(i, 1) for i in range(BATCH)])  # warm-up
-        best = 0.0
-        for _ in range(rounds):
-            started = time.perf_counter()
-            generated = sum(await asyncio.gather(*[client(i, requests_per_client) for i in range(BATCH)]))
-            best = max(best, generated / (time.perf_counter() - started))
-        return best
+        await clients_tok_s(generate, vocab, 1)  # warm-up
+        return max([await clients_tok_s(generate, vocab, requests_per_client) for _ in range(rounds)])
     finally:
         await engine.stop()
 

@@ -142,7 +142,9 @@ class WeightAssembler:
             )
         self.header = header
         self._layout = layout
-        self.buffer = bytearray(size) if buffer is None or len(buffer) != size else buffer
+        if buffer is not None and len(buffer) != size:
+            raise ValueError(f"the receive buffer holds {len(buffer)} bytes, the model's tensors {size}")
+        self.buffer = bytearray(size) if buffer is None else buffer
         self.received = 0
         self.next_index = 0
         self.digest = xxhash.xxh3_64()

@@ -15,6 +15,8 @@ import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
+import torch
+
 from rlrun.common.errors import RequestError
 from rlrun.common.types import SamplingParams
 from rlrun.inference import metrics
@@ -58,6 +60,16 @@ def record_stats(stats: CoreStats) -> None:
     metrics.WAITING.set(stats.waiting_requests)
 
 
+def check_update(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Every check before the first copy, so that the copies cannot fail half-way."""
+    for name, tensor in tensors.items():
+        target = expected.get(name)
+        if target is None or target.shape != tensor.shape or target.dtype != tensor.dtype:
+            raise RequestError("header.tensors", f"tensor {name} does not match the model")
+    if len(tensors) != len(expected):
+        raise RequestError("header.tensors", "the update does not carry every tensor of the model")
+
+
 class CoreClient(Engine):
     name = "torch"
 
@@ -77,6 +89,10 @@ class CoreClient(Engine):
     @abstractmethod
     def _send(self, command) -> None:
         """Hands a command to the core; never blocks the event loop."""
+
+    @abstractmethod
+    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        """Hands a checked update to the core (through `_apply_command`); returns the apply seconds."""
 
     # -- the core's outputs ----------------------------------------------------------------------
 
@@ -188,6 +204,13 @@ class CoreClient(Engine):
             if not finished and self._pending.pop(rid, None) is not None:
                 log.debug("stream %r closed early", request_id)
                 self._send(Cancel(rid))
+
+    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        check_update(tensors, self.weight_specs())
+        return await self._apply(tensors, version)
+
+    async def _apply_command(self, make_command, version: int) -> float:
+        return await self._call(make_command, on_result=lambda _: self._set_version(version))
 
     async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
         return await self._call(lambda rid: Score(rid, list(token_ids), start, temperature))

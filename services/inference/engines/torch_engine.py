@@ -22,9 +22,9 @@ from rlrun.inference.engines.torch_core import (
     CoreOutput,
     Stop,
     TorchEngineCore,
-    check_update,
     run,
 )
+from rlrun.inference.engines.torch_process import TorchEngineProcess
 
 
 class _ThreadChannel:
@@ -106,21 +106,16 @@ class TorchEngine(CoreClient):
     def weight_specs(self) -> dict[str, torch.Tensor]:
         return self.core.tensors
 
-    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
-        check_update(tensors, self.core.tensors)
+    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         if self.core.device.type != "cpu":
             device = self.core.device
             tensors = await asyncio.to_thread(lambda: {n: t.to(device) for n, t in tensors.items()})
-        return await self._call(
-            lambda rid: ApplyWeights(rid, version, tensors), on_result=lambda _: self._set_version(version)
-        )
+        return await self._apply_command(lambda rid: ApplyWeights(rid, version, tensors), version)
 
 
 def create_engine(config: RunConfig):
     """The engine `rlrun serve inference` runs for `inference.engine = "torch"`."""
     if config.inference.engine_process:
-        from rlrun.inference.engines.torch_process import TorchEngineProcess
-
         return TorchEngineProcess(config)
     model = build_model(config.model, device=config.inference.device)
     return TorchEngine(

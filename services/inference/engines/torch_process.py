@@ -49,7 +49,6 @@ from rlrun.inference.engines.torch_core import (
     CoreOutput,
     Stop,
     TorchEngineCore,
-    check_update,
     run,
 )
 
@@ -86,13 +85,17 @@ def _frame(message) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return torch.Size(shape).numel() * dtype.itemsize
+
+
 def canonical_offsets(specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> tuple[dict[str, int], int]:
     """Byte offsets of the tensors packed in broadcast order (as a sender's header lists
     them), and the total size."""
     offsets, offset = {}, 0
     for name, dtype, shape in specs:
         offsets[name] = offset
-        offset += torch.Size(shape).numel() * dtype.itemsize
+        offset += _nbytes(dtype, shape)
     return offsets, offset
 
 
@@ -130,8 +133,7 @@ def staged_views(
     views = {}
     for name, dtype, shape in specs:
         start = offsets[name]
-        size = torch.Size(shape).numel() * dtype.itemsize
-        views[name] = staging[start : start + size].view(dtype).view(shape)
+        views[name] = staging[start : start + _nbytes(dtype, shape)].view(dtype).view(shape)
     return views
 
 
@@ -373,8 +375,7 @@ class TorchEngineProcess(CoreClient):
             offsets[name] = start - base
         return offsets
 
-    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
-        check_update(tensors, self._specs)
+    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         offsets = self._offsets_in_staging(tensors)
         if offsets is None:
             names = list(tensors)
@@ -382,9 +383,7 @@ class TorchEngineProcess(CoreClient):
             offsets = self._offsets
         layout = None if offsets == self._offsets else offsets
         future = asyncio.ensure_future(
-            self._call(
-                lambda rid: _ApplyStaged(rid, version, layout), on_result=lambda _: self._set_version(version)
-            )
+            self._apply_command(lambda rid: _ApplyStaged(rid, version, layout), version)
         )
         try:
             return await asyncio.shield(future)
