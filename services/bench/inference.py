@@ -7,7 +7,9 @@ All on the demo's tiny model (configs/reverse_text.toml), one torch thread per p
 - (c) sequential per-request transformers `generate` with the same weights.
 Ratios: b/a (target >= 0.8) and b/c (target >= 8). Also (b) without gRPC: the same engine
 process driven by clients in the bench process, which separates the engine's own cost from
-the gRPC front end's. Also a weight update (UpdateWeights to the
+the gRPC front end's, and the gRPC ceiling: the same clients against a server whose
+Generate only waits as long as a request takes at (a)'s rate, which bounds b/a on this
+machine for any engine. Also a weight update (UpdateWeights to the
 service) against a raw gRPC client stream of the same messages into a sink that only
 receives them (target >= 0.8). Every request decodes exactly `max_tokens` tokens (no stop
 tokens), so every figure counts the same work. The last stdout line is JSON.
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import random
 import re
 import sys
 import time
+from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -46,6 +50,7 @@ MAX_TOKENS = 48
 MAX_MODEL_LEN = PROMPT_LEN + MAX_TOKENS
 OVERRIDES = [f"model.max_model_len={MAX_MODEL_LEN}", f"inference.max_batch_size={BATCH}"]
 SINK_METHOD = "/rlrun.bench.RawSink/Receive"
+WAIT_METHOD = "/rlrun.bench.RawSink/Wait"
 
 
 def random_prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
@@ -199,11 +204,15 @@ async def engine_process_tok_s(config: RunConfig, vocab: int, requests_per_clien
         await engine.stop()
 
 
-# -- weight update vs a raw stream of the same bytes -------------------------------------
+# -- the gRPC ceiling and the raw weight stream: a server that does no work --------------------
 
 
 def serve_sink(connection: Connection) -> None:
-    """A process that only receives WeightUpdateMessage streams; sends its port back."""
+    """A process that serves two methods doing no work, and sends its port back:
+    - Receive: takes a WeightUpdateMessage stream and counts its bytes;
+    - Wait: answers a GenerateRequest with `max_tokens` token ids after
+      `max_tokens * seconds_per_token` seconds, as if an engine decoded them (the
+      request's `request_id` carries seconds_per_token)."""
 
     async def receive(request_iterator, context):
         received = 0
@@ -211,15 +220,44 @@ def serve_sink(connection: Connection) -> None:
             received += len(message.chunk.data)
         return inference_pb2.UpdateWeightsResponse(bytes_received=received)
 
+    # asyncio.sleep wakes up late (epoll rounds its timeout up to a millisecond, about 3% of
+    # a request here); sleeping that much less on average keeps the hold time on target.
+    late = 0.0
+
+    async def wait(request, context):
+        nonlocal late
+        tokens = request.sampling.max_tokens
+        hold = max(0.0, tokens * float(request.request_id) - late)
+        started = time.perf_counter()
+        await asyncio.sleep(hold)
+        late += 0.05 * (time.perf_counter() - started - hold - late)
+        return inference_pb2.GenerateResponse(
+            completions=[inference_pb2.Completion(token_ids=[0] * tokens, logprobs=[0.0] * tokens)],
+            prompt_tokens=len(request.prompt_token_ids),
+        )
+
     async def run() -> None:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
-        handler = grpc.stream_unary_rpc_method_handler(
-            receive,
-            request_deserializer=weights_pb2.WeightUpdateMessage.FromString,
-            response_serializer=inference_pb2.UpdateWeightsResponse.SerializeToString,
+        handlers = {
+            SINK_METHOD: grpc.stream_unary_rpc_method_handler(
+                receive,
+                request_deserializer=weights_pb2.WeightUpdateMessage.FromString,
+                response_serializer=inference_pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            WAIT_METHOD: grpc.unary_unary_rpc_method_handler(
+                wait,
+                request_deserializer=inference_pb2.GenerateRequest.FromString,
+                response_serializer=inference_pb2.GenerateResponse.SerializeToString,
+            ),
+        }
+        service = SINK_METHOD.strip("/").split("/")[0]
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    service, {path.rsplit("/", 1)[1]: handler for path, handler in handlers.items()}
+                )
+            ]
         )
-        service, method = SINK_METHOD.strip("/").split("/")
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, {method: handler})])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         connection.send(port)
@@ -229,37 +267,71 @@ def serve_sink(connection: Connection) -> None:
     asyncio.run(run())
 
 
-async def weight_update_seconds(stub, config: RunConfig, repeats: int) -> tuple[float, float, int]:
-    """Best (least disturbed) time of an UpdateWeights call and of a raw stream of the same
-    messages, measured alternately so that both see the same machine load."""
-    tensors = broadcast_tensors(build_model(config.model))
-    streams = [list(iter_update_messages(tensors, version)) for version in range(1, repeats + 2)]
-    payload = sum(len(m.chunk.data) for m in streams[0])
+@contextlib.asynccontextmanager
+async def sink_channel() -> AsyncIterator[grpc.aio.Channel]:
+    """A channel to a `serve_sink` process of its own, stopped on exit."""
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
     sink = context.Process(target=serve_sink, args=(theirs,), daemon=True)
     sink.start()
     try:
         port = await asyncio.get_running_loop().run_in_executor(None, ours.recv)
-        async with open_channel(f"127.0.0.1:{port}", ClientOptions(deadline_s=60)) as sink_channel:
-            raw = sink_channel.stream_unary(
-                SINK_METHOD,
-                request_serializer=weights_pb2.WeightUpdateMessage.SerializeToString,
-                response_deserializer=inference_pb2.UpdateWeightsResponse.FromString,
-            )
-            update_times, raw_times = [], []
-            for index, messages in enumerate(streams):  # index 0 warms up
-                started = time.perf_counter()
-                await raw(messages)
-                middle = time.perf_counter()
-                await stub.UpdateWeights(messages)
-                if index:
-                    raw_times.append(middle - started)
-                    update_times.append(time.perf_counter() - middle)
+        async with open_channel(f"127.0.0.1:{port}", ClientOptions(deadline_s=300)) as channel:
+            yield channel
     finally:
         ours.send("stop")
         sink.join(timeout=10)
-    return min(update_times), min(raw_times), payload
+
+
+async def grpc_ceiling_tok_s(
+    channel: grpc.aio.Channel, vocab: int, limit_tok_s: float, requests_per_client: int
+) -> float:
+    """The 32 clients against `Wait`: each request takes as long as at the limit, where a
+    step decodes one token of each of the 32 sequences in BATCH / limit_tok_s seconds. What
+    is lost here is lost to gRPC and the clients alone, with a core left free for them."""
+    wait = channel.unary_unary(
+        WAIT_METHOD,
+        request_serializer=inference_pb2.GenerateRequest.SerializeToString,
+        response_deserializer=inference_pb2.GenerateResponse.FromString,
+    )
+    sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
+    seconds_per_token = repr(BATCH / limit_tok_s)
+
+    async def generate(prompt: list[int]) -> int:
+        request = inference_pb2.GenerateRequest(
+            prompt_token_ids=prompt, sampling=sampling, request_id=seconds_per_token
+        )
+        return len((await wait(request)).completions[0].token_ids)
+
+    await clients_tok_s(generate, vocab, 1)  # warm-up
+    return await clients_tok_s(generate, vocab, requests_per_client)
+
+
+async def weight_update_seconds(
+    stub, channel: grpc.aio.Channel, config: RunConfig, repeats: int
+) -> tuple[float, float, float, int]:
+    """Best (least disturbed) time of an UpdateWeights call and of a raw stream of the same
+    messages to the sink on `channel`, measured alternately so that both see the same load;
+    also the engine's own apply time (the copy into the model) of the fastest update."""
+    tensors = broadcast_tensors(build_model(config.model))
+    streams = [list(iter_update_messages(tensors, version)) for version in range(1, repeats + 2)]
+    payload = sum(len(m.chunk.data) for m in streams[0])
+    raw = channel.stream_unary(
+        SINK_METHOD,
+        request_serializer=weights_pb2.WeightUpdateMessage.SerializeToString,
+        response_deserializer=inference_pb2.UpdateWeightsResponse.FromString,
+    )
+    updates, raw_times = [], []
+    for index, messages in enumerate(streams):  # index 0 warms up
+        started = time.perf_counter()
+        await raw(messages)
+        middle = time.perf_counter()
+        reply = await stub.UpdateWeights(messages)
+        if index:
+            raw_times.append(middle - started)
+            updates.append((time.perf_counter() - middle, reply.apply_seconds))
+    update_s, apply_s = min(updates)
+    return update_s, apply_s, min(raw_times), payload
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -271,18 +343,22 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     vocab = build_model(config.model).config.vocab_size
     rounds = 2 if quick else 5
     limits, served = [], []
+    requests_per_client = 3 if quick else 8
     process, address = await start_service(log_dir)
     try:
-        async with open_channel(address, ClientOptions(deadline_s=300)) as channel:
+        async with open_channel(address, ClientOptions(deadline_s=300)) as channel, sink_channel() as sink:
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
             for _ in range(rounds):
                 limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
-                served.append(await service_tok_s(stub, vocab, requests_per_client=3 if quick else 8))
-            update_s, raw_s, payload = await weight_update_seconds(stub, config, repeats=5 if quick else 40)
+                served.append(await service_tok_s(stub, vocab, requests_per_client))
+            ceiling = await grpc_ceiling_tok_s(sink, vocab, max(limits), requests_per_client)
+            update_s, apply_s, raw_s, payload = await weight_update_seconds(
+                stub, sink, config, repeats=5 if quick else 40
+            )
     finally:
         process.terminate()
         await process.wait()
-    engine = await engine_process_tok_s(config, vocab, requests_per_client=3 if quick else 8, rounds=rounds)
+    engine = await engine_process_tok_s(config, vocab, requests_per_client, rounds=rounds)
     sequential = sequential_generate_tok_s(config, requests=3 if quick else 12)
     limit, service = max(limits), max(served)
     return {
@@ -291,9 +367,12 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
         "sequential_tok_s": round(sequential, 1),
         "engine_process_tok_s": round(engine, 1),
         "engine_process_ratio_vs_limit": round(engine / limit, 3),
+        "grpc_ceiling_tok_s": round(ceiling, 1),
+        "grpc_ceiling_ratio_vs_limit": round(ceiling / limit, 3),
         "ratio_vs_limit": round(service / limit, 3),
         "ratio_vs_sequential": round(service / sequential, 2),
         "weight_update_s": round(update_s, 5),
+        "weight_apply_s": round(apply_s, 5),
         "raw_stream_s": round(raw_s, 5),
         "weight_bytes": payload,
         "weights_ratio_vs_raw": round(raw_s / update_s, 3),
@@ -318,10 +397,15 @@ def main(args: argparse.Namespace) -> int:
         f"({result['engine_process_ratio_vs_limit']:.3f} of a)"
     )
     print(
+        f"    (b)'s gRPC ceiling, the clients against a server that only waits: "
+        f"{result['grpc_ceiling_tok_s']:.1f} tok/s ({result['grpc_ceiling_ratio_vs_limit']:.3f} of a)"
+    )
+    print(
         f"b/a = {result['ratio_vs_limit']:.3f} (target >= 0.8)   b/c = {result['ratio_vs_sequential']:.2f} (target >= 8)"
     )
     print(
         f"weight update {result['weight_update_s'] * 1e3:.2f} ms vs raw stream {result['raw_stream_s'] * 1e3:.2f} ms "
         f"of {result['weight_bytes']} bytes: ratio {result['weights_ratio_vs_raw']:.3f} (target >= 0.8)"
     )
+    print(f"    of the update, the engine's copy into the model: {result['weight_apply_s'] * 1e3:.2f} ms")
     return emit_result(result, args)

@@ -27,5 +27,6 @@ def test_quick_bench_prints_the_ratios(tmp_path):
         "ratio_vs_sequential",
         "weights_ratio_vs_raw",
         "engine_process_ratio_vs_limit",
+        "grpc_ceiling_ratio_vs_limit",
     ):
         assert last[key] > 0
