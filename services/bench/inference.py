@@ -372,7 +372,7 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
         "ratio_vs_limit": round(service / limit, 3),
         "ratio_vs_sequential": round(service / sequential, 2),
         "weight_update_s": round(update_s, 5),
-        "weight_apply_s": round(apply_s, 5),
+        "weight_apply_s": round(apply_s, 6),
         "raw_stream_s": round(raw_s, 5),
         "weight_bytes": payload,
         "weights_ratio_vs_raw": round(raw_s / update_s, 3),
