@@ -49,8 +49,9 @@ PROMPT_LEN = 8
 MAX_TOKENS = 48
 MAX_MODEL_LEN = PROMPT_LEN + MAX_TOKENS
 OVERRIDES = [f"model.max_model_len={MAX_MODEL_LEN}", f"inference.max_batch_size={BATCH}"]
-SINK_METHOD = "/rlrun.bench.RawSink/Receive"
-WAIT_METHOD = "/rlrun.bench.RawSink/Wait"
+SINK_SERVICE = "rlrun.bench.RawSink"
+SINK_METHOD = f"/{SINK_SERVICE}/Receive"
+WAIT_METHOD = f"/{SINK_SERVICE}/Wait"
 
 
 def random_prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
@@ -174,12 +175,16 @@ async def clients_tok_s(generate, vocab: int, requests_per_client: int) -> float
     return sum(generated) / (time.perf_counter() - started)
 
 
-async def service_tok_s(stub, vocab: int, requests_per_client: int) -> float:
+async def grpc_clients_tok_s(call, vocab: int, requests_per_client: int, request_id: str = "") -> float:
+    """`clients_tok_s` over a Generate-shaped unary `call` (the service's, or the sink's Wait),
+    after a warm-up round."""
     sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
 
     async def generate(prompt: list[int]) -> int:
-        reply = await stub.Generate(inference_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling))
-        return len(reply.completions[0].token_ids)
+        request = inference_pb2.GenerateRequest(
+            prompt_token_ids=prompt, sampling=sampling, request_id=request_id
+        )
+        return len((await call(request)).completions[0].token_ids)
 
     await clients_tok_s(generate, vocab, 1)  # warm-up
     return await clients_tok_s(generate, vocab, requests_per_client)
@@ -239,25 +244,18 @@ def serve_sink(connection: Connection) -> None:
     async def run() -> None:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
         handlers = {
-            SINK_METHOD: grpc.stream_unary_rpc_method_handler(
+            "Receive": grpc.stream_unary_rpc_method_handler(
                 receive,
                 request_deserializer=weights_pb2.WeightUpdateMessage.FromString,
                 response_serializer=inference_pb2.UpdateWeightsResponse.SerializeToString,
             ),
-            WAIT_METHOD: grpc.unary_unary_rpc_method_handler(
+            "Wait": grpc.unary_unary_rpc_method_handler(
                 wait,
                 request_deserializer=inference_pb2.GenerateRequest.FromString,
                 response_serializer=inference_pb2.GenerateResponse.SerializeToString,
             ),
         }
-        service = SINK_METHOD.strip("/").split("/")[0]
-        server.add_generic_rpc_handlers(
-            [
-                grpc.method_handlers_generic_handler(
-                    service, {path.rsplit("/", 1)[1]: handler for path, handler in handlers.items()}
-                )
-            ]
-        )
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SINK_SERVICE, handlers)])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         connection.send(port)
@@ -294,17 +292,7 @@ async def grpc_ceiling_tok_s(
         request_serializer=inference_pb2.GenerateRequest.SerializeToString,
         response_deserializer=inference_pb2.GenerateResponse.FromString,
     )
-    sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
-    seconds_per_token = repr(BATCH / limit_tok_s)
-
-    async def generate(prompt: list[int]) -> int:
-        request = inference_pb2.GenerateRequest(
-            prompt_token_ids=prompt, sampling=sampling, request_id=seconds_per_token
-        )
-        return len((await wait(request)).completions[0].token_ids)
-
-    await clients_tok_s(generate, vocab, 1)  # warm-up
-    return await clients_tok_s(generate, vocab, requests_per_client)
+    return await grpc_clients_tok_s(wait, vocab, requests_per_client, request_id=repr(BATCH / limit_tok_s))
 
 
 async def weight_update_seconds(
@@ -350,7 +338,7 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
             for _ in range(rounds):
                 limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
-                served.append(await service_tok_s(stub, vocab, requests_per_client))
+                served.append(await grpc_clients_tok_s(stub.Generate, vocab, requests_per_client))
             ceiling = await grpc_ceiling_tok_s(sink, vocab, max(limits), requests_per_client)
             update_s, apply_s, raw_s, payload = await weight_update_seconds(
                 stub, sink, config, repeats=5 if quick else 40
