@@ -30,3 +30,6 @@ def test_quick_bench_prints_the_ratios(tmp_path):
         "grpc_ceiling_ratio_vs_limit",
     ):
         assert last[key] > 0
+    larger = last["larger_model"]
+    assert larger["weight_bytes"] > 10 * last["weight_bytes"]  # a larger model than the demo's
+    assert larger["ratio_vs_limit"] > 0 and larger["weights_ratio_vs_raw"] > 0
