@@ -12,6 +12,7 @@ attention context decides what each token may see:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -86,10 +87,7 @@ class SlotKVCache:
         each from position 0 and in a slot of its own (`prompt_lengths`)."""
         prompts = None
         if prompt_lengths:
-            offsets = [0]
-            for length in prompt_lengths:
-                offsets.append(offsets[-1] + length)
-            prompts = PackedCausal(torch.tensor(offsets))
+            prompts = PackedCausal(torch.tensor(list(accumulate(prompt_lengths, initial=0))))
         return CachedStep(self, slot_ids, positions, len(slot_ids) - sum(prompt_lengths), prompts)
 
 

@@ -21,6 +21,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -520,9 +521,7 @@ class TorchEngineCore:
         jobs, self._scores = self._scores[: self.max_batch_size], self._scores[self.max_batch_size :]
         try:
             lengths = [len(job.token_ids) for job in jobs]
-            offsets = [0]
-            for length in lengths:
-                offsets.append(offsets[-1] + length)
+            offsets = list(accumulate(lengths, initial=0))
             ids = torch.tensor([t for job in jobs for t in job.token_ids], device=self.device)
             positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
             attend = PackedCausal(torch.tensor(offsets))
