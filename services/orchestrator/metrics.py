@@ -15,7 +15,7 @@ def _name(what: str, unit: str) -> str:
 RL_STEPS = Gauge(_name("rl", "steps"), "RL steps completed (trainer batches of the RL phase).")
 WARMUP_STEPS = Gauge(_name("warmup", "steps"), "Warm-start steps completed.")
 POLICY_VERSION = Gauge(_name("policy", "version"), "Policy version of the trainer after the last step.")
-TRAIN_REWARD = Gauge(_name("train_reward", "mean"), "Mean reward of the last batch's rollouts.")
+TRAIN_REWARD = Gauge(_name("train_reward", "mean"), "Mean reward of the last RL batch's rollouts.")
 EVAL_REWARD = Gauge(_name("eval_reward", "mean"), "Mean reward of the last eval (or warm-start dev check).")
 ADVANTAGE_MEAN = Gauge(
     _name("advantage", "mean"), "Mean rl-channel advantage over the last batch's trained tokens."

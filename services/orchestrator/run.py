@@ -377,8 +377,6 @@ class Run:
 
     async def _rl(self) -> None:
         orch = self.orch
-        if self.state.rl_steps == 0:
-            self.status.train_reward = 0.0  # not the warm start's (oracle) reward
         if orch.eval.enabled and self.state.rl_steps == 0 and self.state.eval_reward_start is None:
             summary = await self._evaluate(rl_step=0)
             self.state.eval_reward_start = summary["eval_reward"]
@@ -654,7 +652,6 @@ class Run:
     def _publish(self, phase: Phase, line: dict[str, Any], batch: BuiltBatch) -> None:
         st, m = self.status, batch.metrics
         st.version = line["policy_version"]
-        st.train_reward = m.get("reward_mean", 0.0)
         st.off_policy_lag = int(line["off_policy_lag"])
         st.tokens_per_s = line["tokens_per_s"]
         st.groups_dropped_stale = line["groups_dropped_stale"]
@@ -663,11 +660,14 @@ class Run:
         }
         if phase.name == "rl":
             st.step = line["step"]
+            # Only RL batches: a warm start's rollouts are the oracle's, whose reward says
+            # nothing about the policy.
+            st.train_reward = m.get("reward_mean", 0.0)
             metrics.RL_STEPS.set(line["step"])
+            metrics.TRAIN_REWARD.set(st.train_reward)
         else:
             metrics.WARMUP_STEPS.set(line["step"])
         metrics.POLICY_VERSION.set(st.version)
-        metrics.TRAIN_REWARD.set(st.train_reward)
         metrics.FILTERED_RATIO.set(m["filtered_ratio"])
         metrics.TOKENS_PER_SECOND.set(st.tokens_per_s)
         metrics.GENERATED_TOKENS.inc(batch.generated_tokens)

@@ -31,6 +31,7 @@ class RunStatus:
     max_steps: int = 0
     version: int = 0
     train_reward: float = 0.0
+    """Mean reward of the last RL batch (a warm start's oracle rollouts do not count)."""
     eval_reward: float = 0.0
     off_policy_lag: int = 0
     tokens_per_s: float = 0.0

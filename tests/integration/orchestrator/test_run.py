@@ -9,6 +9,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from rlrun.orchestrator import metrics as orchestrator_metrics
 from rlrun.orchestrator.run import Run
 from rlrun.orchestrator.status import RunStatus
 
@@ -105,6 +106,25 @@ async def test_warm_start_then_rl_writes_every_output(stack, tmp_path):
     assert status.step == 4 and status.version == 6
 
 
+async def test_the_train_reward_counts_rl_batches_only(stack, tmp_path):
+    """The warm start's rollouts are the oracle's (reward 1 here): neither the status nor the
+    gauge may show that as the policy's reward."""
+    config = stack.config(tmp_path, max_steps=2, warm_start={"max_steps": 3, "batch_size": 2})
+    status = RunStatus()
+    orchestrator_metrics.TRAIN_REWARD.set(-1.0)  # untouched until an RL batch
+    run = asyncio.create_task(Run(config, status).execute())
+    seen = []
+    while not run.done():
+        seen.append((status.phase, status.version, status.train_reward, sample(TRAIN_REWARD)))
+        await asyncio.sleep(0.001)
+    await run
+    assert status.phase == "succeeded", status.last_error
+    warm = [s for s in seen if s[0] == "warmup"]
+    assert any(version >= 1 for _, version, _, _ in warm)  # a warm batch was published
+    assert all(reward == 0.0 and shown == -1.0 for _, _, reward, shown in warm)
+    assert status.train_reward == 0.5 == sample(TRAIN_REWARD)
+
+
 async def test_synchronous_mode_trains_only_fresh_rollouts(stack, tmp_path):
     status = await execute(
         stack.config(tmp_path, max_off_policy_steps=0, max_steps=5, eval={"enabled": False})
@@ -112,6 +132,9 @@ async def test_synchronous_mode_trains_only_fresh_rollouts(stack, tmp_path):
     assert status.phase == "succeeded", status.last_error
     assert [b.metrics["off_policy_lag"] for b in stack.trainer.batches] == [0.0] * 5
     assert status.groups_dropped_stale == 0
+
+
+TRAIN_REWARD = "rlrun_orchestrator_train_reward_mean"
 
 
 def sample(name, **labels):
