@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import grpc
 
 from rlrun.bench import emit_result
+from rlrun.bench.services import served
 from rlrun.common.config import load_config
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.env_server.envs.reverse_text import ReverseText
@@ -35,46 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs/reverse_text.toml"
 ENV = "reverse-text"
 GROUPS, GROUP_SIZE = 16, 8
-READY = re.compile(r"rlrun (?P<service>[\w-]+) listening on (?P<address>\S+)")
-
-
-async def start(service: str, log_dir: Path, *extra: str) -> tuple[asyncio.subprocess.Process, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rlrun.cli",
-        "serve",
-        service,
-        "--config",
-        str(CONFIG),
-        "--set",
-        f'output_dir="{log_dir}"',
-        "--port",
-        "0",
-        "--log-dir",
-        str(log_dir),
-        *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
-    line = (await asyncio.wait_for(process.stdout.readline(), timeout=180)).decode().strip()
-    match = READY.fullmatch(line)
-    if match is None:
-        process.kill()
-        raise RuntimeError(f"rlrun serve {service} did not start (its logs are in {log_dir}): {line!r}")
-    return process, match["address"]
-
-
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), timeout=30)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
 
 
 class Workload:
@@ -144,9 +103,10 @@ async def timed(call) -> float:
 
 async def measure(quick: bool, log_dir: Path) -> dict:
     steps, singles = (4, 20) if quick else (30, 200)
-    inference, inference_address = await start("inference", log_dir)
-    env_server, env_address = await start("env-server", log_dir, "--env", ENV)
-    try:
+    async with (
+        served("inference", CONFIG, log_dir) as inference_address,
+        served("env-server", CONFIG, log_dir, "--env", ENV) as env_address,
+    ):
         work = Workload(inference_address)
         async with (
             grpc.aio.insecure_channel(inference_address) as ic,
@@ -184,9 +144,6 @@ async def measure(quick: bool, log_dir: Path) -> dict:
                 single_env.append(
                     await timed(lambda i=i: env.RunRollout(work.rollout(10_000 + i), timeout=60))
                 )
-    finally:
-        await stop(env_server)
-        await stop(inference)
     rollouts = GROUPS * GROUP_SIZE
     direct, via_env = statistics.median(direct_s), statistics.median(env_s)
     one_direct, one_env = statistics.median(single_direct), statistics.median(single_env)

@@ -31,8 +31,6 @@ import json
 import multiprocessing
 import os
 import random
-import re
-import sys
 import time
 from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
@@ -42,6 +40,7 @@ import grpc
 import torch
 
 from rlrun.bench import emit_result
+from rlrun.bench.services import served
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import SlotKVCache, arch_dict, build_model
@@ -147,41 +146,12 @@ def sequential_generate_tok_s(config: RunConfig, requests: int) -> float:
 async def serving(log_dir: Path, overrides: list[str]) -> AsyncIterator[tuple]:
     """`rlrun serve inference` in a process of its own, and a `serve_sink` process: a stub of
     the service and a channel to the sink, both stopped on exit."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    sets = [arg for item in overrides for arg in ("--set", item)]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rlrun.cli",
-        "serve",
-        "inference",
-        "--config",
-        str(CONFIG),
-        *sets,
-        "--set",
-        f'output_dir="{log_dir}"',
-        "--port",
-        "0",
-        "--log-dir",
-        str(log_dir),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
-    try:
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=120)).decode()
-        match = re.fullmatch(r"rlrun inference listening on (\S+)\n", line)
-        if match is None:
-            raise RuntimeError(f"the inference service did not start: {line!r}")
-        async with (
-            open_channel(match.group(1), ClientOptions(deadline_s=300)) as channel,
-            sink_channel() as sink,
-        ):
-            yield inference_pb2_grpc.InferenceServiceStub(channel), sink
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
-            process.terminate()
-        await process.wait()
+    async with (
+        served("inference", CONFIG, log_dir, overrides=overrides) as address,
+        open_channel(address, ClientOptions(deadline_s=300)) as channel,
+        sink_channel() as sink,
+    ):
+        yield inference_pb2_grpc.InferenceServiceStub(channel), sink
 
 
 async def clients_tok_s(generate, vocab: int, requests_per_client: int) -> float:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import grpc
 import grpc.aio
@@ -84,10 +84,12 @@ def format_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def announce_ready(service: str, host: str, port: int) -> None:
-    """Prints exactly `rlrun <service> listening on HOST:PORT` to stdout and flushes."""
-    sys.stdout.write(f"rlrun {service} listening on {format_address(host, port)}\n")
-    sys.stdout.flush()
+def announce_ready(service: str, host: str, port: int, stream: TextIO | None = None) -> None:
+    """Prints exactly `rlrun <service> listening on HOST:PORT` to `stream` (default stdout)
+    and flushes."""
+    stream = stream or sys.stdout
+    stream.write(f"rlrun {service} listening on {format_address(host, port)}\n")
+    stream.flush()
 
 
 @dataclass(frozen=True)

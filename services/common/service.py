@@ -12,6 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_server import GrpcServer, ServerOptions, announce_ready
@@ -62,6 +63,17 @@ def limit_threads(num_threads: int) -> None:
             pass
 
 
+def stdout_for_ready_line() -> TextIO:
+    """Keeps stdout for the ready line alone and returns a stream to print it on. Launchers
+    parse that line, and one that stops reading after it would leave a process that writes
+    more blocked on a full pipe. Whatever else reaches file descriptor 1 (print, a library's
+    log handler such as vLLM's, a C extension, a child process) goes to stderr instead."""
+    sys.stdout.flush()
+    ready = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return ready
+
+
 def log_dir_for(config: RunConfig, args: argparse.Namespace) -> Path:
     return Path(args.log_dir) if getattr(args, "log_dir", None) else config.run_dir / "logs"
 
@@ -72,6 +84,7 @@ async def _serve(
     args: argparse.Namespace,
     service_names: list[str],
     setup: Callable[[ServiceContext], Awaitable[Cleanup | None]],
+    ready_stream: TextIO,
 ) -> int:
     log_dir = log_dir_for(config, args)
     log = setup_logging(name, log_dir / f"{name}.log", config.log_level)
@@ -85,7 +98,7 @@ async def _serve(
     if ctx.serving_on_start:
         server.set_serving(True)
     server.install_signal_handlers()
-    announce_ready(name, args.host, port)
+    announce_ready(name, args.host, port, ready_stream)
     log.info("%s listening on %s:%d", name, args.host, port)
     try:
         await server.wait_for_termination()
@@ -109,4 +122,5 @@ def serve_main(
 ) -> int:
     """Runs a service until SIGTERM; returns the process exit code."""
     limit_threads(num_threads)
-    return asyncio.run(_serve(name, config, args, service_names, setup))
+    with stdout_for_ready_line() as ready_stream:
+        return asyncio.run(_serve(name, config, args, service_names, setup, ready_stream))

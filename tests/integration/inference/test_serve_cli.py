@@ -3,53 +3,23 @@ dead engine process."""
 
 import asyncio
 import os
-import re
 import signal
-import sys
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlrun.bench.services import start_service, stop_service
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model.weights import iter_update_messages
 from rlrun.v1 import inference_pb2_grpc
 
 from .conftest import REPO, other_weights, run_config
 
-
-async def serve_inference(tmp_path, *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rlrun.cli",
-        "serve",
-        "inference",
-        "--config",
-        str(REPO / "configs/reverse_text.toml"),
-        "--set",
-        f'output_dir="{tmp_path}"',
-        "--port",
-        "0",
-        "--log-dir",
-        str(tmp_path),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
-
-
-async def ready_address(process) -> str:
-    line = (await asyncio.wait_for(process.stdout.readline(), timeout=120)).decode()
-    match = re.fullmatch(r"rlrun inference listening on (127\.0\.0\.1:\d+)\n", line)
-    assert match, line
-    return match.group(1)
+CONFIG = REPO / "configs/reverse_text.toml"
 
 
 async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_path):
-    process = await serve_inference(tmp_path, "--require-version", "1")
+    process, address = await start_service("inference", CONFIG, tmp_path, "--require-version", "1")
     try:
-        address = await ready_address(process)
         async with open_channel(address, ClientOptions(deadline_s=30)) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             reply = await health.Check(health_pb2.HealthCheckRequest())
@@ -62,9 +32,7 @@ async def test_serve_waits_for_the_required_version_and_stops_on_sigterm(tmp_pat
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), timeout=60) == 0
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop_service(process)
 
 
 def engine_process_of(pid: int) -> int:
@@ -76,14 +44,11 @@ def engine_process_of(pid: int) -> int:
 
 
 async def test_a_replica_whose_engine_process_dies_stops_with_an_error(tmp_path):
-    process = await serve_inference(tmp_path)
+    process, _ = await start_service("inference", CONFIG, tmp_path)
     try:
-        await ready_address(process)
         os.kill(engine_process_of(process.pid), signal.SIGKILL)
         assert await asyncio.wait_for(process.wait(), timeout=60) == 1
         log = (tmp_path / "inference.log").read_text()
         assert "the engine process exited unexpectedly (exit code -9)" in log
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop_service(process)

@@ -19,6 +19,7 @@ CHECK = Path(__file__).with_name("vllm_cpu_check.py")
 
 @pytest.mark.slow
 def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path):
+    """Both model families through the engine, then the whole service as a pod runs it."""
     python = os.environ.get("RLRUN_VLLM_CPU_PYTHON")
     if not python:
         pytest.skip("RLRUN_VLLM_CPU_PYTHON is not set")
@@ -27,10 +28,18 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path):
         [python, str(CHECK), str(tmp_path)], capture_output=True, text=True, timeout=900, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    for key in ("sampled_logprob_diff", "greedy_logprob_diff", "score_diff", "updated_logprob_diff"):
-        assert report[key] < 1e-4, report
-    assert report["greedy_is_argmax"]
-    assert report["streamed_tokens"] == 12 and report["batch_completions"] == 128
-    assert report["updated_versions"] == [3, 3]
-    assert report["held_while_paused"] and report["resumed_tokens"] == 4
+    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    service = reports.pop("service")
+    assert set(reports) == {"qwen3", "gpt2"}
+    for report in reports.values():
+        for key in ("sampled_logprob_diff", "greedy_logprob_diff", "score_diff", "updated_logprob_diff"):
+            assert report[key] < 1e-4, reports
+        assert report["greedy_is_argmax"]
+        assert report["streamed_tokens"] == 12 and report["batch_completions"] == 128
+        assert report["updated_versions"] == [3, 3]
+        assert report["held_while_paused"] and report["resumed_tokens"] == 4
+    assert service["health_before_update"] == "NOT_SERVING" and service["health_after_update"] == "SERVING"
+    assert service["update_version"] == 1 and service["update_bytes"] > 4096  # several chunks
+    assert service["logprob_diff"] < 1e-4 and service["policy_versions"] == [1, 1]
+    assert service["status"] == ["vllm", 1]
+    assert service["http_completion_tokens"] == 5 and service["exit_code"] == 0

@@ -3,27 +3,39 @@ build), from a separate virtualenv; `test_vllm_cpu.py` runs it. Prints one JSON 
 
     python vllm_cpu_check.py OUTPUT_DIR
 
-The model is tiny-d128 with untied embeddings (vLLM's CPU attention needs head_dim >= 32,
-and its CPU backend repacks a tied lm_head, which an in-place reload then leaves stale).
+Two model families, each with untied embeddings (vLLM's CPU backend repacks a tied lm_head,
+which an in-place reload then leaves stale) and head_dim 32 (vLLM's CPU attention needs
+>= 32): tiny-d128 (Qwen3) and the demo's GPT-2 widened to 128 (whose Conv1D weights vLLM
+transposes on load, so a wrong layout would show in every logprob). The JSON line maps each
+family to its report.
 """
 
 import asyncio
 import json
+import socket
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlrun.bench.services import start_service, stop_service
 from rlrun.common.config import load_config
+from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import PackedCausal, build_model
-from rlrun.common.model.weights import broadcast_tensors
+from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.vllm_engine import VllmEngine
+from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2
 
 REPO = Path(__file__).resolve().parents[3]
+CONFIG = REPO / "configs/reverse_text.toml"
 
 
 def recomputed(model, prompt, completion, temperature):
+    completion = list(completion)  # a proto's repeated field too
     ids = torch.tensor(prompt + completion)
     with torch.no_grad():
         logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
@@ -33,27 +45,41 @@ def recomputed(model, prompt, completion, temperature):
 
 def max_diff(completion, model, prompt, temperature):
     return (
-        (torch.tensor(completion.logprobs) - recomputed(model, prompt, completion.token_ids, temperature))
+        (
+            torch.tensor(list(completion.logprobs))
+            - recomputed(model, prompt, completion.token_ids, temperature)
+        )
         .abs()
         .max()
         .item()
     )
 
 
-async def check(output_dir: Path) -> dict:
-    arch = json.loads((REPO / "configs/models/tiny-d128.json").read_text()) | {"tie_word_embeddings": False}
-    arch_file = output_dir / "tiny-d128-untied.json"
+MODELS = {
+    "qwen3": ("configs/models/tiny-d128.json", {"tie_word_embeddings": False}),
+    "gpt2": ("configs/models/tiny-gpt2-d64.json", {"n_embd": 128, "n_inner": 512, "vocab_size": 128}),
+}
+"""Family: (the config it starts from, the fields replaced)."""
+
+
+def family_overrides(output_dir: Path, family: str) -> list[str]:
+    """Config overrides that serve `family` with the vLLM engine; writes its model config."""
+    base, changes = MODELS[family]
+    arch = json.loads((REPO / base).read_text()) | changes
+    output_dir.mkdir(parents=True, exist_ok=True)
+    arch_file = output_dir / f"{family}.json"
     arch_file.write_text(json.dumps(arch))
-    config = load_config(
-        REPO / "configs/reverse_text.toml",
-        [
-            f'output_dir="{output_dir}"',
-            f'model.config="{arch_file}"',
-            "model.max_model_len=64",
-            'inference.engine="vllm"',
-            "inference.vllm.enforce_eager=true",
-        ],
-    )
+    return [
+        f'output_dir="{output_dir}"',
+        f'model.config="{arch_file}"',
+        "model.max_model_len=64",
+        'inference.engine="vllm"',
+        "inference.vllm.enforce_eager=true",
+    ]
+
+
+async def check(output_dir: Path, family: str) -> dict:
+    config = load_config(CONFIG, family_overrides(output_dir, family))
     engine = VllmEngine(config)
     await engine.start()
     try:
@@ -104,6 +130,80 @@ async def check(output_dir: Path) -> dict:
         await engine.stop()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_completion(port: int, model: str) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps({"model": model, "prompt": "abc", "max_tokens": 5, "logprobs": 0}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.load(reply)
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"HTTP {error.code}: {error.read().decode()}") from error
+
+
+async def service_check(output_dir: Path) -> dict:
+    """`rlrun serve inference` with the vLLM engine (GPT-2), as a pod runs it: held
+    NOT_SERVING until version 1 arrives over the chunked UpdateWeights stream, then gRPC
+    Generate under the new weights, GetStatus, an HTTP completion, and SIGTERM."""
+    overrides = family_overrides(output_dir, "gpt2")
+    config = load_config(CONFIG, overrides)
+    http_port = free_port()
+    process, address = await start_service(
+        "inference",
+        CONFIG,
+        output_dir,
+        "--http-port",
+        str(http_port),
+        "--require-version",
+        "1",
+        overrides=overrides,
+        ready_timeout_s=300,
+    )
+    try:
+        async with open_channel(address, ClientOptions(deadline_s=120)) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            before = (await health.Check(health_pb2.HealthCheckRequest())).status
+            updated = build_model(config.model.model_copy(update={"seed": 7}))
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            update = await stub.UpdateWeights(
+                list(iter_update_messages(broadcast_tensors(updated), 1, chunk_bytes=4096))
+            )
+            after = (await health.Check(health_pb2.HealthCheckRequest())).status
+            prompt = [4, 70, 71, 72, 1, 5]
+            reply = await stub.Generate(
+                inference_pb2.GenerateRequest(
+                    prompt_token_ids=prompt,
+                    sampling=sampling_pb2.SamplingParams(temperature=1.0, max_tokens=12),
+                )
+            )
+            [completion] = reply.completions
+            status = await stub.GetStatus(inference_pb2.GetInferenceStatusRequest())
+        completion_diff = max_diff(completion, updated, prompt, 1.0)
+        http = await asyncio.to_thread(http_completion, http_port, config.name)
+    finally:
+        exit_code = await stop_service(process, timeout_s=120)
+    serving = health_pb2.HealthCheckResponse.ServingStatus.Name
+    return {
+        "health_before_update": serving(before),
+        "health_after_update": serving(after),
+        "update_version": update.version,
+        "update_bytes": update.bytes_received,
+        "logprob_diff": completion_diff,
+        "policy_versions": [completion.policy_version_start, completion.policy_version_end],
+        "status": [status.engine, status.policy_version],
+        "http_completion_tokens": http["usage"]["completion_tokens"],
+        "exit_code": exit_code,
+    }
+
+
 def greedy_loop(model, prompt, steps):
     ids = list(prompt)
     for _ in range(steps):
@@ -116,4 +216,7 @@ def greedy_loop(model, prompt, steps):
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(check(Path(sys.argv[1])))))
+    output = Path(sys.argv[1])
+    reports = {family: asyncio.run(check(output / family, family)) for family in MODELS}
+    reports["service"] = asyncio.run(service_check(output / "service"))
+    print(json.dumps(reports))
