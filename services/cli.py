@@ -85,7 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
     for name, module in SERVICES.items():
-        p = services.add_parser(name, help=f"run the {name} service")
+        try:
+            service = importlib.import_module(module)
+        except ModuleNotFoundError:
+            service = None
+        ready = f"When ready it prints exactly one line, `rlrun {name} listening on HOST:PORT`, then serves until SIGTERM."
+        p = services.add_parser(
+            name,
+            help=f"run the {name} service",
+            description=f"{service.DESCRIPTION} {ready}" if service is not None else ready,
+        )
         _add_config_args(p, positional=False)
         p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
         p.add_argument("--port", type=int, default=0, help="gRPC port; 0 = OS-assigned (default: 0)")
@@ -102,10 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="folder for the service log file (default: <output_dir>/logs)",
         )
         p.set_defaults(service_module=module)
-        try:
-            importlib.import_module(module).add_arguments(p)
-        except ModuleNotFoundError:
+        if service is None:
             p.set_defaults(service_missing=True)
+        else:
+            service.add_arguments(p)
 
     check = sub.add_parser(
         "check-config",

@@ -11,6 +11,13 @@ import argparse
 
 from rlrun.common.config import EnvConfig, RunConfig
 
+DESCRIPTION = (
+    "The environment server: hosts the [[orchestrator.train.env]] entries named by --env "
+    "(default: every entry without an address) and runs their rollouts (EnvService: prompts, "
+    "model calls to the inference services a plan names, scoring) for the orchestrator."
+)
+"""What `rlrun serve ... --help` says the service does."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

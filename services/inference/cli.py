@@ -7,6 +7,15 @@ import argparse
 
 from rlrun.common.config import RunConfig
 
+DESCRIPTION = (
+    "The inference service: generates and scores tokens for the policy (the torch engine, or "
+    'vLLM with inference.engine = "vllm" on GPUs) over gRPC (InferenceService), takes weight '
+    "updates as an UpdateWeights stream, and with --http-port (or inference.http_port) serves "
+    "an OpenAI-compatible HTTP API. Health is SERVING once the model is loaded and, with "
+    "--require-version N, once weights of version >= N have arrived."
+)
+"""What `rlrun serve ... --help` says the service does."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

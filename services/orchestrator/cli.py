@@ -12,6 +12,13 @@ import argparse
 
 from rlrun.common.config import RunConfig
 
+DESCRIPTION = (
+    "The orchestrator: drives the run (warm start, RL steps, evals, checkpoints) against the "
+    "inference, env-server and trainer services of the run file, and serves its status "
+    "(OrchestratorService) from the start."
+)
+"""What `rlrun serve ... --help` says the service does."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -6,6 +6,13 @@ import argparse
 
 from rlrun.common.config import RunConfig
 
+DESCRIPTION = (
+    "The trainer: the learner. It builds the model (on every rank under torchrun), trains on "
+    "the batches the orchestrator sends (TrainerService), broadcasts new weights to the "
+    "inference services, and saves checkpoints (--resume continues from one)."
+)
+"""What `rlrun serve ... --help` says the service does."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
