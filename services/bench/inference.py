@@ -9,10 +9,12 @@ Ratios: b/a (target >= 0.8) and b/c (target >= 8). Also (b) without gRPC: the sa
 process driven by clients in the bench process, which separates the engine's own cost from
 the gRPC front end's, and the gRPC ceiling: the same clients against a server whose
 Generate only waits as long as a request takes at (a)'s rate, which bounds b/a on this
-machine for any engine. Also a weight update (UpdateWeights to the
-service) against a raw gRPC client stream of the same messages into a sink that only
-receives them (target >= 0.8). Every request decodes exactly `max_tokens` tokens (no stop
-tokens), so every figure counts the same work.
+machine for any engine. b/a is also split into two factors from the service's own
+counters (/metrics): how many of the 32 rows a (b) step decoded (occupancy: rows lost to
+clients between a reply and their next request) and (b)'s steps per second against (a)'s.
+Also a weight update (UpdateWeights to the service) against a raw gRPC client stream of the
+same messages into a sink that only receives them (target >= 0.8). Every request decodes
+exactly `max_tokens` tokens (no stop tokens), so every figure counts the same work.
 
 The targets are judged on the demo's model (108k parameters), where a decode step and an
 update are so small that the fixed cost of a gRPC call (a few milliseconds per request at
@@ -32,15 +34,18 @@ import multiprocessing
 import os
 import random
 import time
+import urllib.request
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import grpc
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from rlrun.bench import emit_result
-from rlrun.bench.services import served
+from rlrun.bench.services import free_port, served
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import SlotKVCache, arch_dict, build_model
@@ -142,16 +147,43 @@ def sequential_generate_tok_s(config: RunConfig, requests: int) -> float:
 # -- (b) the service under concurrent clients --------------------------------------------
 
 
+@dataclass
+class Service:
+    """`rlrun serve inference` as the bench drives it: its gRPC stub and its /metrics."""
+
+    stub: inference_pb2_grpc.InferenceServiceStub
+    metrics_url: str
+
+    async def engine_counters(self) -> tuple[float, float]:
+        """(decode steps, generated tokens) so far. The engine reports a step's statistics
+        with its answers, so after a round's last reply its steps are all counted."""
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(self.metrics_url, timeout=30).read())
+        values = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text.decode())
+            for sample in family.samples
+        }
+        return values["rlrun_inference_steps_total"], values["rlrun_inference_generated_tokens_total"]
+
+
 @contextlib.asynccontextmanager
-async def serving(log_dir: Path, overrides: list[str]) -> AsyncIterator[tuple]:
-    """`rlrun serve inference` in a process of its own, and a `serve_sink` process: a stub of
-    the service and a channel to the sink, both stopped on exit."""
+async def serving(log_dir: Path, overrides: list[str]) -> AsyncIterator[tuple[Service, grpc.aio.Channel]]:
+    """`rlrun serve inference` in a process of its own, and a `serve_sink` process: the
+    service and a channel to the sink, both stopped on exit."""
+    metrics_port = free_port()
     async with (
-        served("inference", CONFIG, log_dir, overrides=overrides) as address,
+        served(
+            "inference", CONFIG, log_dir, "--metrics-port", str(metrics_port), overrides=overrides
+        ) as address,
         open_channel(address, ClientOptions(deadline_s=300)) as channel,
         sink_channel() as sink,
     ):
-        yield inference_pb2_grpc.InferenceServiceStub(channel), sink
+        yield (
+            Service(
+                inference_pb2_grpc.InferenceServiceStub(channel), f"http://127.0.0.1:{metrics_port}/metrics"
+            ),
+            sink,
+        )
 
 
 async def clients_tok_s(generate, vocab: int, requests_per_client: int) -> float:
@@ -166,9 +198,9 @@ async def clients_tok_s(generate, vocab: int, requests_per_client: int) -> float
     return sum(generated) / (time.perf_counter() - started)
 
 
-async def grpc_clients_tok_s(call, vocab: int, requests_per_client: int, request_id: str = "") -> float:
-    """`clients_tok_s` over a Generate-shaped unary `call` (the service's, or the sink's Wait),
-    after a warm-up round."""
+def grpc_generate(call, request_id: str = ""):
+    """`clients_tok_s`'s `generate` over a Generate-shaped unary `call` (the service's, or
+    the sink's Wait)."""
     sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
 
     async def generate(prompt: list[int]) -> int:
@@ -177,19 +209,39 @@ async def grpc_clients_tok_s(call, vocab: int, requests_per_client: int, request
         )
         return len((await call(request)).completions[0].token_ids)
 
-    await clients_tok_s(generate, vocab, 1)  # warm-up
-    return await clients_tok_s(generate, vocab, requests_per_client)
+    return generate
+
+
+@dataclass
+class ServiceRounds:
+    """(a) and (b) of alternating rounds, and how full (b)'s batch was in each."""
+
+    limits: list[float]
+    served: list[float]
+    rows_per_step: list[float]
+    """Mean rows of a decode step in each (b) round (BATCH at most)."""
+
+    def best(self) -> tuple[float, float, float]:
+        """(a)'s best round; (b)'s best round and its rows per step."""
+        index = max(range(len(self.served)), key=self.served.__getitem__)
+        return max(self.limits), self.served[index], self.rows_per_step[index]
 
 
 async def limits_and_service_tok_s(
-    stub, config: RunConfig, vocab: int, rounds: int, requests_per_client: int, quick: bool
-) -> tuple[list[float], list[float]]:
-    """(a) and (b) alternately for `rounds` rounds, so that both see the same load."""
-    limits, served = [], []
+    service: Service, config: RunConfig, vocab: int, rounds: int, requests_per_client: int, quick: bool
+) -> ServiceRounds:
+    """(a) and (b) alternately for `rounds` rounds, so that both see the same load; each (b)
+    round after a warm-up round."""
+    result = ServiceRounds([], [], [])
+    generate = grpc_generate(service.stub.Generate)
     for _ in range(rounds):
-        limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
-        served.append(await grpc_clients_tok_s(stub.Generate, vocab, requests_per_client))
-    return limits, served
+        result.limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
+        await clients_tok_s(generate, vocab, 1)  # warm-up
+        steps, tokens = await service.engine_counters()
+        result.served.append(await clients_tok_s(generate, vocab, requests_per_client))
+        steps_after, tokens_after = await service.engine_counters()
+        result.rows_per_step.append((tokens_after - tokens) / (steps_after - steps))
+    return result
 
 
 async def engine_process_tok_s(config: RunConfig, vocab: int, requests_per_client: int, rounds: int) -> float:
@@ -294,7 +346,9 @@ async def grpc_ceiling_tok_s(
         request_serializer=inference_pb2.GenerateRequest.SerializeToString,
         response_deserializer=inference_pb2.GenerateResponse.FromString,
     )
-    return await grpc_clients_tok_s(wait, vocab, requests_per_client, request_id=repr(BATCH / limit_tok_s))
+    generate = grpc_generate(wait, request_id=repr(BATCH / limit_tok_s))
+    await clients_tok_s(generate, vocab, 1)  # warm-up
+    return await clients_tok_s(generate, vocab, requests_per_client)
 
 
 async def weight_update_seconds(
@@ -324,6 +378,20 @@ async def weight_update_seconds(
     return update_s, apply_s, min(raw_times), payload
 
 
+def occupancy_split(ratio_vs_limit: float, rows_per_step: float) -> dict:
+    """b/a as the product of two factors, since (a) decodes BATCH rows per step:
+    - occupancy: rows per (b) step / BATCH. Lost rows are clients between a reply and their
+      next request (the gRPC round trip), the engine waiting on nobody.
+    - step rate: (b)'s steps per second / (a)'s. Lost speed is the engine's own per-step
+      work beyond (a)'s loop, and the front end and clients sharing its cores."""
+    occupancy = rows_per_step / BATCH
+    return {
+        "service_rows_per_step": round(rows_per_step, 2),
+        "service_occupancy": round(occupancy, 3),
+        "service_step_rate_vs_limit": round(ratio_vs_limit / occupancy, 3),
+    }
+
+
 # -- the run -------------------------------------------------------------------------------
 
 
@@ -333,35 +401,39 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     vocab = build_model(config.model).config.vocab_size
     rounds = 2 if quick else 5
     requests_per_client = 3 if quick else 8
-    async with serving(log_dir, OVERRIDES) as (stub, sink):
-        limits, served = await limits_and_service_tok_s(
-            stub, config, vocab, rounds, requests_per_client, quick
+    async with serving(log_dir, OVERRIDES) as (service, sink):
+        rounds_run = await limits_and_service_tok_s(
+            service, config, vocab, rounds, requests_per_client, quick
         )
-        ceiling = await grpc_ceiling_tok_s(sink, vocab, max(limits), requests_per_client)
+        ceiling = await grpc_ceiling_tok_s(sink, vocab, max(rounds_run.limits), requests_per_client)
         update_s, apply_s, raw_s, payload = await weight_update_seconds(
-            stub, sink, config, repeats=5 if quick else 40
+            service.stub, sink, config, repeats=5 if quick else 40
         )
     engine = await engine_process_tok_s(config, vocab, requests_per_client, rounds=rounds)
     sequential = sequential_generate_tok_s(config, requests=3 if quick else 12)
     larger = await larger_model_ratios(config, quick, log_dir / "larger-model")
-    limit, service = max(limits), max(served)
+    limit, served, rows = rounds_run.best()
     return {
         "limit_tok_s": round(limit, 1),
-        "service_tok_s": round(service, 1),
+        "service_tok_s": round(served, 1),
+        **occupancy_split(served / limit, rows),
         "sequential_tok_s": round(sequential, 1),
         "engine_process_tok_s": round(engine, 1),
         "engine_process_ratio_vs_limit": round(engine / limit, 3),
         "grpc_ceiling_tok_s": round(ceiling, 1),
         "grpc_ceiling_ratio_vs_limit": round(ceiling / limit, 3),
-        "ratio_vs_limit": round(service / limit, 3),
-        "ratio_vs_sequential": round(service / sequential, 2),
+        "ratio_vs_limit": round(served / limit, 3),
+        "ratio_vs_sequential": round(served / sequential, 2),
         "weight_update_s": round(update_s, 5),
         "weight_apply_s": round(apply_s, 6),
         "raw_stream_s": round(raw_s, 5),
         "weight_bytes": payload,
         "weights_ratio_vs_raw": round(raw_s / update_s, 3),
         "targets": {"ratio_vs_limit": 0.8, "ratio_vs_sequential": 8, "weights_ratio_vs_raw": 0.8},
-        "rounds": {"limit_tok_s": [round(x) for x in limits], "service_tok_s": [round(x) for x in served]},
+        "rounds": {
+            "limit_tok_s": [round(x) for x in rounds_run.limits],
+            "service_tok_s": [round(x) for x in rounds_run.served],
+        },
         "larger_model": larger,
         "batch": BATCH,
         "max_tokens": MAX_TOKENS,
@@ -384,20 +456,26 @@ async def larger_model_ratios(demo: RunConfig, quick: bool, log_dir: Path) -> di
     config = load_config(CONFIG, overrides)
     model = build_model(config.model)
     vocab, parameters = model.config.vocab_size, sum(p.numel() for p in model.parameters())
-    async with serving(log_dir, overrides) as (stub, sink):
-        limits, served = await limits_and_service_tok_s(
-            stub, config, vocab, rounds=2 if quick else 3, requests_per_client=2 if quick else 4, quick=quick
+    async with serving(log_dir, overrides) as (service, sink):
+        rounds_run = await limits_and_service_tok_s(
+            service,
+            config,
+            vocab,
+            rounds=2 if quick else 3,
+            requests_per_client=2 if quick else 4,
+            quick=quick,
         )
         update_s, _, raw_s, payload = await weight_update_seconds(
-            stub, sink, config, repeats=3 if quick else 12
+            service.stub, sink, config, repeats=3 if quick else 12
         )
-    limit, service = max(limits), max(served)
+    limit, served, rows = rounds_run.best()
     return {
         "model": LARGER_MODEL,
         "parameters": parameters,
         "limit_tok_s": round(limit, 1),
-        "service_tok_s": round(service, 1),
-        "ratio_vs_limit": round(service / limit, 3),
+        "service_tok_s": round(served, 1),
+        **occupancy_split(served / limit, rows),
+        "ratio_vs_limit": round(served / limit, 3),
         "weight_update_s": round(update_s, 5),
         "raw_stream_s": round(raw_s, 5),
         "weight_bytes": payload,
@@ -422,6 +500,10 @@ def main(args: argparse.Namespace) -> int:
         f"{result['grpc_ceiling_tok_s']:.1f} tok/s ({result['grpc_ceiling_ratio_vs_limit']:.3f} of a)"
     )
     print(
+        f"    (b) = {result['service_rows_per_step']:.1f} of {BATCH} rows per step "
+        f"(occupancy {result['service_occupancy']:.3f}) x steps/s {result['service_step_rate_vs_limit']:.3f} of a's"
+    )
+    print(
         f"b/a = {result['ratio_vs_limit']:.3f} (target >= 0.8)   b/c = {result['ratio_vs_sequential']:.2f} (target >= 8)"
     )
     print(
@@ -433,7 +515,8 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"the same on a larger model ({larger['parameters'] / 1e6:.1f}M parameters): "
         f"(a) {larger['limit_tok_s']:.1f} tok/s, (b) {larger['service_tok_s']:.1f} tok/s, "
-        f"b/a = {larger['ratio_vs_limit']:.3f}; weight update {larger['weight_update_s'] * 1e3:.2f} ms "
+        f"b/a = {larger['ratio_vs_limit']:.3f} (occupancy {larger['service_occupancy']:.3f} x steps/s "
+        f"{larger['service_step_rate_vs_limit']:.3f}); weight update {larger['weight_update_s'] * 1e3:.2f} ms "
         f"vs raw stream {larger['raw_stream_s'] * 1e3:.2f} ms of {larger['weight_bytes']} bytes: "
         f"ratio {larger['weights_ratio_vs_raw']:.3f}"
     )

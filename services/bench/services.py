@@ -7,11 +7,20 @@ import asyncio
 import contextlib
 import os
 import re
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 READY = re.compile(r"rlrun (?P<service>[\w-]+) listening on (?P<address>\S+)")
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, for options that take no 0 (another process may still
+    take it first)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 async def start_service(

@@ -12,7 +12,6 @@ family to its report.
 
 import asyncio
 import json
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlrun.bench.services import start_service, stop_service
+from rlrun.bench.services import free_port, start_service, stop_service
 from rlrun.common.config import load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import PackedCausal, build_model
@@ -128,12 +127,6 @@ async def check(output_dir: Path, family: str) -> dict:
         }
     finally:
         await engine.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_completion(port: int, model: str) -> dict:
