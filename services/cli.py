@@ -89,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
             service = importlib.import_module(module)
         except ModuleNotFoundError:
             service = None
-        ready = f"When ready it prints exactly one line, `rlrun {name} listening on HOST:PORT`, then serves until SIGTERM."
+        ready = (
+            f"When ready it prints exactly one line, `rlrun {name} listening on HOST:PORT`, "
+            "then serves until SIGTERM."
+        )
         p = services.add_parser(
             name,
             help=f"run the {name} service",
