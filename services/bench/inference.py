@@ -157,7 +157,12 @@ class Service:
     async def engine_counters(self) -> tuple[float, float]:
         """(decode steps, generated tokens) so far. The engine reports a step's statistics
         with its answers, so after a round's last reply its steps are all counted."""
-        text = await asyncio.to_thread(lambda: urllib.request.urlopen(self.metrics_url, timeout=30).read())
+
+        def scrape() -> bytes:
+            with urllib.request.urlopen(self.metrics_url, timeout=30) as reply:
+                return reply.read()
+
+        text = await asyncio.to_thread(scrape)
         values = {
             sample.name: sample.value
             for family in text_string_to_metric_families(text.decode())
