@@ -8,9 +8,10 @@ import contextlib
 import os
 import re
 import socket
-import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+
+from rlrun.common.service import serve_command
 
 READY = re.compile(r"rlrun (?P<service>[\w-]+) listening on (?P<address>\S+)")
 
@@ -37,19 +38,7 @@ async def start_service(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     sets = [arg for item in (*overrides, f'output_dir="{log_dir}"') for arg in ("--set", item)]
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rlrun.cli",
-        "serve",
-        service,
-        "--config",
-        str(config),
-        *sets,
-        "--port",
-        "0",
-        "--log-dir",
-        str(log_dir),
-        *args,
+        *serve_command(service, config, log_dir, *sets, *args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
         env=env,

@@ -74,6 +74,27 @@ def stdout_for_ready_line() -> TextIO:
     return ready
 
 
+def serve_command(service: str, config: Path, log_dir: Path, *args: str) -> list[str]:
+    """The command line of `rlrun serve <service>` with this interpreter, on an OS-assigned
+    port of 127.0.0.1, its log in `log_dir`; `args` are further options (`--set` items too)."""
+    return [
+        sys.executable,
+        "-m",
+        "rlrun.cli",
+        "serve",
+        service,
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--log-dir",
+        str(log_dir),
+        *args,
+    ]
+
+
 def log_dir_for(config: RunConfig, args: argparse.Namespace) -> Path:
     return Path(args.log_dir) if getattr(args, "log_dir", None) else config.run_dir / "logs"
 

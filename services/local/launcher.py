@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
+from rlrun.common.service import serve_command
 from rlrun.local.processes import ChildFailed, ProcessGroup, raise_autogroup_priority
 from rlrun.local.progress import RunProgress
 from rlrun.local.report import final_summary, write_reward_plot
@@ -49,24 +50,8 @@ class LocalRun:
         self.group = ProcessGroup(_child_env())
 
     def _serve_argv(self, service: str, extra_sets: list[str], *extra: str) -> list[str]:
-        argv = [
-            sys.executable,
-            "-m",
-            "rlrun.cli",
-            "serve",
-            service,
-            "--config",
-            str(self.config_path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--log-dir",
-            str(self.log_dir),
-        ]
-        for override in self.overrides:
-            argv += ["--set", override]
-        return argv + extra_sets + list(extra)
+        overrides = [arg for override in self.overrides for arg in ("--set", override)]
+        return serve_command(service, self.config_path, self.log_dir, *overrides, *extra_sets, *extra)
 
     def start_services(self) -> str:
         """Starts every service in dependency order; returns the orchestrator's address."""
