@@ -17,20 +17,22 @@ from starlette.exceptions import HTTPException
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
+from rlrun.inference.batch_calls import all_or_none, primed_streams
 from rlrun.inference.engines.base import Engine, QueueFullError, StreamDelta
 from rlrun.inference.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     TextStream,
     chat_body,
-    chat_prompt,
+    chat_prompts,
     completion_body,
-    completion_prompt,
+    completion_prompts,
     error_body,
     new_id,
     now,
     sampling_params,
     token_logprobs,
+    usage,
 )
 from rlrun.inference.validation import check_generate
 
@@ -82,124 +84,121 @@ def build_openai_app(
         body = {"status": "ok" if ready else "not ready", "policy_version": engine.policy_version}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        card = {
+    def model_card() -> dict:
+        return {
             "id": model_id,
             "object": "model",
             "created": now(),
             "owned_by": "rlrun",
             "max_model_len": engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
 
-    async def respond(body, build_prompt, max_tokens: int | None, prompt_field: str, chunks, full_body):
-        """One generation endpoint: its prompt, checks, then the stream or the whole body."""
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        if model != model_id:
+            message = f"the model {model!r} is not served here; this server serves {model_id!r}"
+            return JSONResponse(error_body(message, "model", code="model_not_found"), status_code=404)
+        return model_card()
+
+    async def respond(body, build_prompts, max_tokens: int | None, chunks, full_body):
+        """One generation endpoint: its prompts, checks, then the stream or the whole body."""
         try:
-            prompt = build_prompt(body, tokenizer)
-            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
-            check_generate(
-                prompt,
-                params,
-                vocab_size=engine.vocab_size,
-                max_model_len=engine.max_model_len,
-                prompt_field=prompt_field,
-                sampling_field=_BODY,
-            )
+            requests = []
+            for field, prompt in build_prompts(body, tokenizer):
+                params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
+                check_generate(
+                    prompt,
+                    params,
+                    vocab_size=engine.vocab_size,
+                    max_model_len=engine.max_model_len,
+                    prompt_field=field,
+                    sampling_field=_BODY,
+                )
+                requests.append((prompt, params))
         except RequestError as error:
             return _bad_request(error)
+        prompt_tokens = sum(len(prompt) for prompt, _ in requests)
         try:
             if body.stream:
-                return _sse(await chunks(engine, tokenizer, model_id, body, prompt, params))
-            result = await engine.generate(prompt, params)
+                first, rest = await primed_streams(engine, requests)
+                choices = len(requests) * body.n
+                return _sse(chunks(tokenizer, model_id, body, choices, prompt_tokens, first, rest))
+            results = await all_or_none([engine.generate(prompt, params) for prompt, params in requests])
         except QueueFullError as error:
             return _queue_full(error)
-        return full_body(body, tokenizer, model_id, len(prompt), result)
+        completions = [completion for result in results for completion in result]
+        return full_body(body, tokenizer, model_id, prompt_tokens, completions)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        return await respond(
-            body, completion_prompt, max_tokens, "prompt", _completion_chunks, completion_body
-        )
+        return await respond(body, completion_prompts, max_tokens, _completion_chunks, completion_body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await respond(body, chat_prompt, max_tokens, "messages", _chat_chunks, chat_body)
+        return await respond(body, chat_prompts, max_tokens, _chat_chunks, chat_body)
 
     return app
 
 
-async def _primed(
-    deltas: AsyncIterator[list[StreamDelta]],
-) -> tuple[list[StreamDelta], AsyncIterator[list[StreamDelta]]]:
-    """Waits for the first tokens, so that a full queue still becomes an error status rather
-    than a broken event stream."""
-    first = await anext(deltas, [])
-    return first, deltas
-
-
 async def _completion_chunks(
-    engine: Engine, tokenizer: Tokenizer, model_id: str, body: CompletionRequest, prompt: list[int], params
+    tokenizer: Tokenizer,
+    model_id: str,
+    body: CompletionRequest,
+    choices: int,
+    prompt_tokens: int,
+    first: list[StreamDelta],
+    rest: AsyncIterator[list[StreamDelta]],
 ) -> AsyncIterator[dict]:
-    first, rest = await _primed(engine.stream(prompt, params))
-    texts = [TextStream(tokenizer) for _ in range(params.n)]
+    texts = [TextStream(tokenizer) for _ in range(choices)]
     ident, created = new_id("cmpl"), now()
 
-    async def chunks():
-        generated = 0
-        batch = first
-        while True:
-            for delta in batch:
-                generated += len(delta.token_ids)
-                logprobs = None
-                if body.logprobs is not None:
-                    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
-                    logprobs = {"tokens": tokens, "token_logprobs": delta.logprobs, "top_logprobs": None}
-                choice = {
-                    "index": delta.index,
-                    "text": texts[delta.index].push(delta.token_ids),
-                    "logprobs": logprobs,
-                    "finish_reason": delta.finish_reason,
-                }
-                yield {
-                    "id": ident,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model_id,
-                    "choices": [choice],
-                }
-            batch = await anext(rest, None)
-            if batch is None:
-                break
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield {
-                "id": ident,
-                "object": "text_completion",
-                "created": created,
-                "model": model_id,
-                "choices": [],
-                "usage": {
-                    "prompt_tokens": len(prompt),
-                    "completion_tokens": generated,
-                    "total_tokens": len(prompt) + generated,
-                },
-            }
+    def chunk(choices: list[dict], **extra) -> dict:
+        return {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": model_id,
+            "choices": choices,
+            **extra,
+        }
 
-    return chunks()
+    generated = 0
+    batch = first
+    while batch is not None:
+        for delta in batch:
+            generated += len(delta.token_ids)
+            logprobs = None
+            if body.logprobs is not None:
+                tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
+                logprobs = {"tokens": tokens, "token_logprobs": delta.logprobs, "top_logprobs": None}
+            choice = {
+                "index": delta.index,
+                "text": texts[delta.index].push(delta.token_ids),
+                "logprobs": logprobs,
+                "finish_reason": delta.finish_reason,
+            }
+            yield chunk([choice])
+        batch = await anext(rest, None)
+    if body.stream_options is not None and body.stream_options.include_usage:
+        yield chunk([], usage=usage(prompt_tokens, generated))
 
 
 async def _chat_chunks(
-    engine: Engine,
     tokenizer: Tokenizer,
     model_id: str,
     body: ChatCompletionRequest,
-    prompt: list[int],
-    params,
+    choices: int,
+    prompt_tokens: int,
+    first: list[StreamDelta],
+    rest: AsyncIterator[list[StreamDelta]],
 ) -> AsyncIterator[dict]:
-    first, rest = await _primed(engine.stream(prompt, params))
-    texts = [TextStream(tokenizer) for _ in range(params.n)]
+    texts = [TextStream(tokenizer) for _ in range(choices)]
     ident, created = new_id("chatcmpl"), now()
 
     def chunk(choices: list[dict], **extra) -> dict:
@@ -212,48 +211,36 @@ async def _chat_chunks(
             **extra,
         }
 
-    async def chunks():
-        yield chunk(
-            [
-                {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                for i in range(params.n)
-            ]
-        )
-        generated = 0
-        batch = first
-        while True:
-            for delta in batch:
-                generated += len(delta.token_ids)
-                logprobs = None
-                if body.logprobs:
-                    logprobs = {"content": token_logprobs(tokenizer, delta.token_ids, delta.logprobs)}
-                piece = texts[delta.index].push(delta.token_ids)
-                yield chunk(
-                    [
-                        {
-                            "index": delta.index,
-                            "delta": {"content": piece} if piece else {},
-                            "logprobs": logprobs,
-                            "finish_reason": delta.finish_reason,
-                        }
-                    ]
-                )
-            batch = await anext(rest, None)
-            if batch is None:
-                break
-        if body.stream_options is not None and body.stream_options.include_usage:
+    yield chunk(
+        [
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            for i in range(choices)
+        ]
+    )
+    generated = 0
+    batch = first
+    while batch is not None:
+        for delta in batch:
+            generated += len(delta.token_ids)
+            logprobs = None
+            if body.logprobs:
+                logprobs = {"content": token_logprobs(tokenizer, delta.token_ids, delta.logprobs)}
+            piece = texts[delta.index].push(delta.token_ids)
             yield chunk(
-                [],
-                usage={
-                    "prompt_tokens": len(prompt),
-                    "completion_tokens": generated,
-                    "total_tokens": len(prompt) + generated,
-                },
+                [
+                    {
+                        "index": delta.index,
+                        "delta": {"content": piece} if piece else {},
+                        "logprobs": logprobs,
+                        "finish_reason": delta.finish_reason,
+                    }
+                ]
             )
-
-    return chunks()
+        batch = await anext(rest, None)
+    if body.stream_options is not None and body.stream_options.include_usage:
+        yield chunk([], usage=usage(prompt_tokens, generated))

@@ -1,5 +1,8 @@
 """OpenAI-compatible request models and response bodies (pure: no FastAPI, no engine).
 
+A completion's `prompt` is a string, a list of token ids, or a batch of either; choice
+`i * n + j` of the answer is sample j of prompt i, as in OpenAI's API.
+
 Differences from OpenAI, each answered with a 400 naming the field rather than ignored:
 `stop` strings must each be one token of the tokenizer (generation stops on token ids);
 `echo`, `best_of` > n and `top_logprobs` / `logprobs` above 0 are not offered, since the engine
@@ -14,7 +17,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
@@ -44,9 +48,22 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt_shape(cls, value, parse):
+        # One message for every wrong shape, instead of one per member of the union.
+        try:
+            return parse(value)
+        except ValidationError as error:
+            raise PydanticCustomError(
+                "prompt_shape",
+                "prompt must be a string, a list of token ids, or a batch: a list of strings "
+                "or a list of token id lists",
+            ) from error
 
 
 class TextPart(BaseModel):
@@ -103,15 +120,28 @@ def sampling_params(
     )
 
 
-def completion_prompt(request: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
+Prompts = list[tuple[str, list[int]]]
+"""The prompts of one request, each with the name of its field (for the 400 that names it)."""
+
+
+def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prompts:
     if request.echo:
         raise RequestError("echo", "echo is not supported")
     if request.logprobs:
         raise RequestError("logprobs", "only logprobs = 0 (the sampled token's logprob) is supported")
-    return tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [("prompt", tokenizer.encode(prompt))]
+    if not prompt or isinstance(prompt[0], int):
+        return [("prompt", list(prompt))]
+    return [
+        (f"prompt[{i}]", tokenizer.encode(item) if isinstance(item, str) else list(item))
+        for i, item in enumerate(prompt)
+    ]
 
 
-def chat_prompt(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:
+    """The conversation rendered by the tokenizer's chat template: always one prompt."""
     if request.top_logprobs:
         raise RequestError("top_logprobs", "only top_logprobs = 0 (the sampled token's logprob) is supported")
     messages = []
@@ -121,7 +151,7 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[in
             content = "".join(part.text for part in content)
         messages.append(ChatMessage("system" if message.role == "developer" else message.role, content))
     try:
-        return render_chat(tokenizer, messages, add_generation_prompt=True)
+        return [("messages", render_chat(tokenizer, messages, add_generation_prompt=True))]
     except ValueError as error:
         raise RequestError("messages", str(error)) from error
 
@@ -162,8 +192,7 @@ def token_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Seq
     return entries
 
 
-def usage(prompt_tokens: int, completions: Sequence[Completion]) -> dict:
-    generated = sum(len(c.token_ids) for c in completions)
+def usage(prompt_tokens: int, generated: int) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": generated,
@@ -203,7 +232,7 @@ def completion_body(
         "created": now(),
         "model": model_id,
         "choices": choices,
-        "usage": usage(prompt_tokens, completions),
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in completions)),
     }
 
 
@@ -233,7 +262,7 @@ def chat_body(
         "created": now(),
         "model": model_id,
         "choices": choices,
-        "usage": usage(prompt_tokens, completions),
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in completions)),
     }
 
 
@@ -245,5 +274,7 @@ def _offsets(tokens: Sequence[str]) -> list[int]:
     return offsets
 
 
-def error_body(message: str, param: str | None, error_type: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": None}}
+def error_body(
+    message: str, param: str | None, error_type: str = "invalid_request_error", code: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -1,8 +1,12 @@
 """The OpenAI-compatible HTTP API, driven by the real `openai` client."""
 
+import asyncio
+
 import httpx
 import openai
 import pytest
+
+from rlrun.v1 import inference_pb2
 
 MESSAGES = [{"role": "user", "content": "abc"}]
 
@@ -73,3 +77,77 @@ async def test_health(service):
     async with httpx.AsyncClient() as http:
         reply = await http.get(f"{service.http_url}/health")
     assert reply.status_code == 200 and reply.json()["status"] == "ok"
+
+
+async def test_a_model_is_retrieved_by_its_id_and_an_unknown_one_is_not_found(client):
+    model = await client.models.retrieve("reverse_text")
+    assert model.id == "reverse_text"
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.models.retrieve("gpt-4")
+    assert caught.value.body["code"] == "model_not_found"
+    assert caught.value.body["param"] == "model"
+
+
+BATCH = ["abc", "hello", "xy"]
+
+
+async def test_a_batch_of_prompts_answers_each_in_openai_order(client):
+    greedy = {"model": "reverse_text", "max_tokens": 6, "temperature": 0.0}
+    singles = [(await client.completions.create(prompt=p, **greedy)).choices[0].text for p in BATCH]
+    assert len(set(singles)) == len(BATCH), "distinct answers, so that the order shows"
+    batch = await client.completions.create(prompt=BATCH, n=2, **greedy)
+    # Choice i * n + j is sample j of prompt i.
+    assert [c.index for c in batch.choices] == list(range(2 * len(BATCH)))
+    assert [c.text for c in batch.choices] == [text for text in singles for _ in range(2)]
+    assert batch.usage.prompt_tokens == sum(len(p) for p in BATCH)
+    token_batch = await client.completions.create(prompt=[[5, 6, 7], [8, 9]], **greedy)
+    assert len(token_batch.choices) == 2 and token_batch.usage.prompt_tokens == 5
+
+
+async def test_a_streamed_batch_equals_the_unstreamed_one(client):
+    settings = {"model": "reverse_text", "prompt": BATCH, "max_tokens": 6, "temperature": 0.0}
+    whole = await client.completions.create(**settings)
+    stream = await client.completions.create(stream=True, stream_options={"include_usage": True}, **settings)
+    texts, reasons, usage = [""] * len(BATCH), [None] * len(BATCH), None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            assert reasons[choice.index] is None, "no text after a choice's finish_reason"
+            texts[choice.index] += choice.text
+            reasons[choice.index] = choice.finish_reason
+    assert texts == [c.text for c in whole.choices]
+    assert reasons == [c.finish_reason for c in whole.choices]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+async def test_a_bad_prompt_in_a_batch_is_named(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model="reverse_text", prompt=["abc", ""], max_tokens=2)
+    assert caught.value.body["param"] == "prompt[1]"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model="reverse_text", prompt=[[3], [99999]], max_tokens=2)
+    assert caught.value.body["param"] == "prompt[1][0]"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model="reverse_text", prompt=["abc", 3], max_tokens=2)
+    assert caught.value.body["param"] == "prompt"
+    assert "a list of strings or a list of token id lists" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_batch_the_queue_cannot_hold_is_refused_whole(start_service, stream):
+    service = await start_service("inference.max_waiting=2")
+    await service.stub.Pause(inference_pb2.PauseRequest())  # nothing is admitted: all wait
+    async with openai.AsyncOpenAI(
+        base_url=f"{service.http_url}/v1", api_key="unused", max_retries=0
+    ) as client:
+        with pytest.raises(openai.RateLimitError):
+            await client.completions.create(
+                model="reverse_text", prompt=["ab", "cd", "ef"], max_tokens=2, stream=stream
+            )
+    # The prompts that did fit in the queue left it with the refused one.
+    for _ in range(100):
+        status = await service.stub.GetStatus(inference_pb2.GetInferenceStatusRequest())
+        if status.waiting_requests == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert status.waiting_requests == 0

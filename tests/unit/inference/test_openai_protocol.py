@@ -1,6 +1,7 @@
 """OpenAI request translation: prompts, stop strings, defaults, incremental text, bodies."""
 
 import pytest
+from pydantic import ValidationError
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import CharTokenizer
@@ -10,8 +11,8 @@ from rlrun.inference.openai_protocol import (
     CompletionRequest,
     TextStream,
     chat_body,
-    chat_prompt,
-    completion_prompt,
+    chat_prompts,
+    completion_prompts,
     sampling_params,
 )
 
@@ -35,7 +36,7 @@ def test_chat_prompts_use_the_tokenizers_chat_rendering(tokenizer):
         + tokenizer.render_message("user", "ab")
         + tokenizer.message_header("assistant")
     )
-    assert chat_prompt(request, tokenizer) == expected
+    assert chat_prompts(request, tokenizer) == [("messages", expected)]
 
 
 def test_stop_strings_become_stop_token_ids_with_the_end_token(tokenizer):
@@ -56,12 +57,28 @@ def test_a_multi_token_stop_string_is_refused(tokenizer):
 )
 def test_unsupported_completion_options_are_refused(tokenizer, request_fields, field):
     with pytest.raises(RequestError) as caught:
-        completion_prompt(CompletionRequest(prompt="abc", **request_fields), tokenizer)
+        completion_prompts(CompletionRequest(prompt="abc", **request_fields), tokenizer)
     assert caught.value.field == field
 
 
 def test_token_id_prompts_pass_through(tokenizer):
-    assert completion_prompt(CompletionRequest(prompt=[3, 4, 5]), tokenizer) == [3, 4, 5]
+    assert completion_prompts(CompletionRequest(prompt=[3, 4, 5]), tokenizer) == [("prompt", [3, 4, 5])]
+
+
+def test_a_batch_of_prompts_names_each_one(tokenizer):
+    texts = completion_prompts(CompletionRequest(prompt=["ab", "c"]), tokenizer)
+    assert texts == [("prompt[0]", tokenizer.encode("ab")), ("prompt[1]", tokenizer.encode("c"))]
+    ids = completion_prompts(CompletionRequest(prompt=[[3, 4], [5]]), tokenizer)
+    assert ids == [("prompt[0]", [3, 4]), ("prompt[1]", [5])]
+
+
+@pytest.mark.parametrize("prompt", [["ab", 3], [3, "ab"], [[3], "ab"], 7, None])
+def test_a_prompt_of_no_known_shape_gets_one_clear_error(prompt):
+    with pytest.raises(ValidationError) as caught:
+        CompletionRequest(prompt=prompt)
+    [error] = caught.value.errors()
+    assert error["loc"] == ("prompt",)
+    assert error["msg"].startswith("prompt must be a string, a list of token ids, or a batch")
 
 
 def test_text_stream_emits_each_new_piece_once(tokenizer):
