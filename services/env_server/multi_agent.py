@@ -14,11 +14,11 @@ markup is committed with `parse_error` (its tokens never train) and shows nothin
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rlrun.common.aio import all_or_nothing
 from rlrun.common.types import MemberRole
 from rlrun.env_server.channels import public_text
 from rlrun.env_server.completion import Completion
@@ -52,18 +52,6 @@ def check_slot(slot: Slot) -> None:
 
 def speaker_view(viewer: str, message: PublicMessage) -> str:
     return f"{message.speaker}: {message.text}"
-
-
-async def all_or_nothing(calls: Sequence[Awaitable[list[Completion]]]) -> list[list[Completion]]:
-    """Every call's result, or the first error after cancelling the calls still running."""
-    tasks = [asyncio.ensure_future(call) for call in calls]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 class MultiAgentEpisode(Episode):

@@ -8,24 +8,12 @@ choices are numbered as OpenAI numbers them: sample j of prompt i is choice i * 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from rlrun.common.aio import all_or_nothing
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import Engine, StreamDelta
-
-
-async def all_or_none(calls: list[Awaitable]) -> list:
-    """The results of `calls`, run concurrently; when one fails, the others are cancelled
-    (their requests leave the engine) before its error propagates."""
-    tasks = [asyncio.ensure_future(call) for call in calls]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def _numbered(deltas: list[StreamDelta], first_choice: int) -> list[StreamDelta]:
@@ -43,7 +31,7 @@ async def primed_streams(
     event stream."""
     streams = [engine.stream(prompt, params) for prompt, params in requests]
     try:
-        firsts = await all_or_none([anext(stream, []) for stream in streams])
+        firsts = await all_or_nothing([anext(stream, []) for stream in streams])
     except BaseException:
         for stream in streams:
             await stream.aclose()

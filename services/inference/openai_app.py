@@ -15,9 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from rlrun.common.aio import all_or_nothing
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.inference.batch_calls import all_or_none, primed_streams
+from rlrun.inference.batch_calls import primed_streams
 from rlrun.inference.engines.base import Engine, QueueFullError, StreamDelta
 from rlrun.inference.openai_protocol import (
     ChatCompletionRequest,
@@ -127,7 +128,7 @@ def build_openai_app(
                 first, rest = await primed_streams(engine, requests)
                 choices = len(requests) * body.n
                 return _sse(chunks(tokenizer, model_id, body, choices, prompt_tokens, first, rest))
-            results = await all_or_none([engine.generate(prompt, params) for prompt, params in requests])
+            results = await all_or_nothing([engine.generate(prompt, params) for prompt, params in requests])
         except QueueFullError as error:
             return _queue_full(error)
         completions = [completion for result in results for completion in result]

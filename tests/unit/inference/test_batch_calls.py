@@ -4,8 +4,9 @@ import asyncio
 
 import pytest
 
+from rlrun.common.aio import all_or_nothing
 from rlrun.common.types import SamplingParams
-from rlrun.inference.batch_calls import all_or_none, primed_streams
+from rlrun.inference.batch_calls import primed_streams
 from rlrun.inference.engines.base import QueueFullError, StreamDelta
 
 
@@ -85,6 +86,6 @@ async def test_one_failed_call_cancels_the_others():
         raise QueueFullError("full")
 
     with pytest.raises(QueueFullError):
-        await all_or_none([waits("a"), fails(), waits("b")])
+        await all_or_nothing([waits("a"), fails(), waits("b")])
     assert sorted(cancelled) == ["a", "b"]
-    assert await all_or_none([asyncio.sleep(0, "x"), asyncio.sleep(0, "y")]) == ["x", "y"]
+    assert await all_or_nothing([asyncio.sleep(0, "x"), asyncio.sleep(0, "y")]) == ["x", "y"]
