@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -105,7 +107,7 @@ def build_openai_app(
             return JSONResponse(error_body(message, "model", code="model_not_found"), status_code=404)
         return model_card()
 
-    async def respond(body, build_prompts, max_tokens: int | None, chunks, full_body):
+    async def respond(body, build_prompts, max_tokens: int | None, stream_format, full_body):
         """One generation endpoint: its prompts, checks, then the stream or the whole body."""
         try:
             requests = []
@@ -127,7 +129,11 @@ def build_openai_app(
             if body.stream:
                 first, rest = await primed_streams(engine, requests)
                 choices = len(requests) * body.n
-                return _sse(chunks(tokenizer, model_id, body, choices, prompt_tokens, first, rest))
+                return _sse(
+                    _stream_chunks(
+                        stream_format, tokenizer, model_id, body, choices, prompt_tokens, first, rest
+                    )
+                )
             results = await all_or_nothing([engine.generate(prompt, params) for prompt, params in requests])
         except QueueFullError as error:
             return _queue_full(error)
@@ -137,111 +143,86 @@ def build_openai_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        return await respond(body, completion_prompts, max_tokens, _completion_chunks, completion_body)
+        return await respond(body, completion_prompts, max_tokens, _COMPLETION_STREAM, completion_body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await respond(body, chat_prompts, max_tokens, _chat_chunks, chat_body)
+        return await respond(body, chat_prompts, max_tokens, _CHAT_STREAM, chat_body)
 
     return app
 
 
-async def _completion_chunks(
+def _completion_choice(tokenizer: Tokenizer, body: CompletionRequest, delta: StreamDelta, text: str) -> dict:
+    logprobs = None
+    if body.logprobs is not None:
+        tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
+        logprobs = {"tokens": tokens, "token_logprobs": delta.logprobs, "top_logprobs": None}
+    return {"index": delta.index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
+
+
+def _chat_choice(tokenizer: Tokenizer, body: ChatCompletionRequest, delta: StreamDelta, text: str) -> dict:
+    logprobs = None
+    if body.logprobs:
+        logprobs = {"content": token_logprobs(tokenizer, delta.token_ids, delta.logprobs)}
+    return {
+        "index": delta.index,
+        "delta": {"content": text} if text else {},
+        "logprobs": logprobs,
+        "finish_reason": delta.finish_reason,
+    }
+
+
+@dataclass(frozen=True)
+class _StreamFormat:
+    """How one endpoint's server-sent chunks look."""
+
+    object: str
+    id_prefix: str
+    choice: Callable[[Tokenizer, Any, StreamDelta, str], dict]
+    """A delta and the text it adds -> its entry in a chunk's `choices`."""
+    opens_with_role: bool
+    """Chat streams first announce each choice's role."""
+
+
+_COMPLETION_STREAM = _StreamFormat("text_completion", "cmpl", _completion_choice, opens_with_role=False)
+_CHAT_STREAM = _StreamFormat("chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True)
+
+
+async def _stream_chunks(
+    form: _StreamFormat,
     tokenizer: Tokenizer,
     model_id: str,
-    body: CompletionRequest,
+    body: CompletionRequest | ChatCompletionRequest,
     choices: int,
     prompt_tokens: int,
     first: list[StreamDelta],
     rest: AsyncIterator[list[StreamDelta]],
 ) -> AsyncIterator[dict]:
     texts = [TextStream(tokenizer) for _ in range(choices)]
-    ident, created = new_id("cmpl"), now()
+    ident, created = new_id(form.id_prefix), now()
 
-    def chunk(choices: list[dict], **extra) -> dict:
+    def chunk(entries: list[dict], **extra) -> dict:
         return {
             "id": ident,
-            "object": "text_completion",
+            "object": form.object,
             "created": created,
             "model": model_id,
-            "choices": choices,
+            "choices": entries,
             **extra,
         }
 
+    if form.opens_with_role:
+        role = {"role": "assistant", "content": ""}
+        yield chunk(
+            [{"index": i, "delta": role, "logprobs": None, "finish_reason": None} for i in range(choices)]
+        )
     generated = 0
     batch = first
     while batch is not None:
         for delta in batch:
             generated += len(delta.token_ids)
-            logprobs = None
-            if body.logprobs is not None:
-                tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
-                logprobs = {"tokens": tokens, "token_logprobs": delta.logprobs, "top_logprobs": None}
-            choice = {
-                "index": delta.index,
-                "text": texts[delta.index].push(delta.token_ids),
-                "logprobs": logprobs,
-                "finish_reason": delta.finish_reason,
-            }
-            yield chunk([choice])
-        batch = await anext(rest, None)
-    if body.stream_options is not None and body.stream_options.include_usage:
-        yield chunk([], usage=usage(prompt_tokens, generated))
-
-
-async def _chat_chunks(
-    tokenizer: Tokenizer,
-    model_id: str,
-    body: ChatCompletionRequest,
-    choices: int,
-    prompt_tokens: int,
-    first: list[StreamDelta],
-    rest: AsyncIterator[list[StreamDelta]],
-) -> AsyncIterator[dict]:
-    texts = [TextStream(tokenizer) for _ in range(choices)]
-    ident, created = new_id("chatcmpl"), now()
-
-    def chunk(choices: list[dict], **extra) -> dict:
-        return {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model_id,
-            "choices": choices,
-            **extra,
-        }
-
-    yield chunk(
-        [
-            {
-                "index": i,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            for i in range(choices)
-        ]
-    )
-    generated = 0
-    batch = first
-    while batch is not None:
-        for delta in batch:
-            generated += len(delta.token_ids)
-            logprobs = None
-            if body.logprobs:
-                logprobs = {"content": token_logprobs(tokenizer, delta.token_ids, delta.logprobs)}
-            piece = texts[delta.index].push(delta.token_ids)
-            yield chunk(
-                [
-                    {
-                        "index": delta.index,
-                        "delta": {"content": piece} if piece else {},
-                        "logprobs": logprobs,
-                        "finish_reason": delta.finish_reason,
-                    }
-                ]
-            )
+            yield chunk([form.choice(tokenizer, body, delta, texts[delta.index].push(delta.token_ids))])
         batch = await anext(rest, None)
     if body.stream_options is not None and body.stream_options.include_usage:
         yield chunk([], usage=usage(prompt_tokens, generated))
