@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlrun.common.arguments import port
 from rlrun.common.config import ConfigError, load_config_with_warnings
 
 SERVICES = {
@@ -100,10 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _add_config_args(p, positional=False)
         p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-        p.add_argument("--port", type=int, default=0, help="gRPC port; 0 = OS-assigned (default: 0)")
+        p.add_argument("--port", type=port, default=0, help="gRPC port; 0 = OS-assigned (default: 0)")
         p.add_argument(
             "--metrics-port",
-            type=int,
+            type=port,
             default=None,
             help="Prometheus /metrics port; 0 = OS-assigned (default: off)",
         )

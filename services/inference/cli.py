@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import RunConfig
 
 DESCRIPTION = (
@@ -20,13 +21,13 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-port",
-        type=int,
+        type=port,
         default=None,
         help="port of the OpenAI-compatible HTTP API; 0 = OS-assigned (overrides inference.http_port)",
     )
     parser.add_argument(
         "--require-version",
-        type=int,
+        type=non_negative,
         default=None,
         metavar="N",
         help="keep health NOT_SERVING until a weight update of version >= N arrives",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from rlrun.common.arguments import port
+
 ENV_IMAGES = {
     "inference": "RLRUN_IMAGE_INFERENCE",
     "env-server": "RLRUN_IMAGE_ENV_SERVER",
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--liveness-port",
-        type=int,
+        type=port,
         default=8080,
         help="serve kopf's liveness probe on http://0.0.0.0:PORT/healthz; 0 = off (default: 8080)",
     )

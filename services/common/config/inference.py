@@ -46,7 +46,7 @@ class InferenceConfig(Section):
     num_threads: int = Field(1, ge=1)
     """torch intra-op threads of the service process. Default: 1."""
 
-    http_port: int | None = None
+    http_port: int | None = Field(None, ge=0, le=65535)
     """Port of the OpenAI-compatible HTTP server (0 = OS-assigned). Default: unset (off)."""
 
     vllm: VllmConfig = VllmConfig()

@@ -130,6 +130,7 @@ def test_old_and_new_spelling_together_is_an_error(text, path):
         ({"trainer": {"broadcast": {"transport": "nccl"}}}, ""),
         ({"trainer": {"lr": "fast"}}, "trainer.lr"),
         ({"trainer": {"lrr": 1}}, "trainer.lrr"),
+        ({"inference": {"http_port": 65536}}, "inference.http_port"),
         ({"model": {"max_model_len": 8}}, ""),
         ({"orchestrator": {"members": [{"id": "a", "role": "fixed"}]}}, "orchestrator"),
         ({"orchestrator": {"members": [{"id": "a", "role": "train", "model": "judge"}]}}, "orchestrator"),
