@@ -51,7 +51,9 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     assert service["update_version"] == 1 and service["update_bytes"] > 4096  # several chunks
     assert service["logprob_diff"] < 1e-4 and service["policy_versions"] == [1, 1]
     assert service["status"] == ["vllm", 1]
-    assert service["http_completion_tokens"] == 5 and service["exit_code"] == 0
+    assert [index for index, _ in service["http_choices"]] == [0, 1]
+    assert service["http_completion_tokens"] == sum(tokens for _, tokens in service["http_choices"]) > 0
+    assert service["exit_code"] == 0
 
 
 @pytest.mark.slow

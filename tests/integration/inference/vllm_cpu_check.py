@@ -132,7 +132,9 @@ async def check(output_dir: Path, family: str) -> dict:
 def http_completion(port: int, model: str) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
-        data=json.dumps({"model": model, "prompt": "abc", "max_tokens": 5, "logprobs": 0}).encode(),
+        data=json.dumps(
+            {"model": model, "prompt": ["abc", "hello"], "max_tokens": 5, "logprobs": 0}
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     try:
@@ -145,7 +147,8 @@ def http_completion(port: int, model: str) -> dict:
 async def service_check(output_dir: Path) -> dict:
     """`rlrun serve inference` with the vLLM engine (GPT-2), as a pod runs it: held
     NOT_SERVING until version 1 arrives over the chunked UpdateWeights stream, then gRPC
-    Generate under the new weights, GetStatus, an HTTP completion, and SIGTERM."""
+    Generate under the new weights, GetStatus, an HTTP completion of a batch of two prompts,
+    and SIGTERM."""
     overrides = family_overrides(output_dir, "gpt2")
     config = load_config(CONFIG, overrides)
     http_port = free_port()
@@ -193,6 +196,7 @@ async def service_check(output_dir: Path) -> dict:
         "policy_versions": [completion.policy_version_start, completion.policy_version_end],
         "status": [status.engine, status.policy_version],
         "http_completion_tokens": http["usage"]["completion_tokens"],
+        "http_choices": [(c["index"], len(c["logprobs"]["token_logprobs"])) for c in http["choices"]],
         "exit_code": exit_code,
     }
 
