@@ -33,6 +33,10 @@ def _finite(values, where: str) -> None:
             raise WireError(f"{where}[{i}]", f"{where}[{i}] is {v}, not a finite number")
 
 
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives a request may ask for per position (OpenAI's limit)."""
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int
@@ -42,6 +46,10 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     n: int = 1
+    top_logprobs: int = 0
+    """How many of the most likely tokens to report, with their logprobs, at each generated
+    position (at most MAX_TOP_LOGPROBS). Set by the OpenAI-compatible API; the gRPC
+    SamplingParams has no such field, since training needs the sampled token's logprob only."""
 
     def validate(
         self,
@@ -66,6 +74,11 @@ class SamplingParams:
             )
         if self.n < 1:
             raise WireError(f"{where}.n", f"{where}.n must be >= 1, got {self.n}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise WireError(
+                f"{where}.top_logprobs",
+                f"{where}.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
+            )
         if vocab_size is not None:
             for i, tok in enumerate(self.stop_token_ids):
                 if not 0 <= tok < vocab_size:

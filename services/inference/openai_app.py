@@ -27,14 +27,15 @@ from rlrun.inference.openai_protocol import (
     CompletionRequest,
     TextStream,
     chat_body,
+    chat_logprobs,
     chat_prompts,
     completion_body,
+    completion_logprobs,
     completion_prompts,
     error_body,
     new_id,
     now,
     sampling_params,
-    token_logprobs,
     usage,
 )
 from rlrun.inference.validation import check_generate
@@ -156,15 +157,14 @@ def build_openai_app(
 def _completion_choice(tokenizer: Tokenizer, body: CompletionRequest, delta: StreamDelta, text: str) -> dict:
     logprobs = None
     if body.logprobs is not None:
-        tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
-        logprobs = {"tokens": tokens, "token_logprobs": delta.logprobs, "top_logprobs": None}
+        logprobs = completion_logprobs(tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs)
     return {"index": delta.index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
 
 
 def _chat_choice(tokenizer: Tokenizer, body: ChatCompletionRequest, delta: StreamDelta, text: str) -> dict:
     logprobs = None
     if body.logprobs:
-        logprobs = {"content": token_logprobs(tokenizer, delta.token_ids, delta.logprobs)}
+        logprobs = chat_logprobs(tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs)
     return {
         "index": delta.index,
         "delta": {"content": text} if text else {},

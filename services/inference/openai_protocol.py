@@ -3,11 +3,14 @@
 A completion's `prompt` is a string, a list of token ids, or a batch of either; choice
 `i * n + j` of the answer is sample j of prompt i, as in OpenAI's API.
 
+Logprobs (`logprobs` of a completion, `logprobs` / `top_logprobs` of a chat) are under the
+distribution sampled from, softmax(logits / T), as the trainer recomputes them; at most
+MAX_TOP_LOGPROBS alternatives per position.
+
 Differences from OpenAI, each answered with a 400 naming the field rather than ignored:
-`stop` strings must each be one token of the tokenizer (generation stops on token ids);
-`echo`, `best_of` > n and `top_logprobs` / `logprobs` above 0 are not offered, since the engine
-reports the logprob of the sampled token only. `top_k` and `stop_token_ids` are accepted as
-vLLM-style extensions. The `model` field is accepted and ignored: one model is served.
+`stop` strings must each be one token of the tokenizer (generation stops on token ids), and
+`echo` is not offered. `top_k` and `stop_token_ids` are accepted as vLLM-style extensions.
+The `model` field is accepted and ignored: one model is served.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from pydantic_core import PydanticCustomError
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
-from rlrun.common.types import SamplingParams
-from rlrun.inference.engines.base import Completion
+from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
+from rlrun.inference.engines.base import Completion, TopLogprobs
 
 
 class StreamOptions(BaseModel):
@@ -51,6 +54,12 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
+
+    def top_logprobs_count(self) -> int:
+        """How many alternatives each position reports: `logprobs` (0 or unset: none)."""
+        if self.logprobs is not None and self.logprobs > MAX_TOP_LOGPROBS:
+            raise RequestError("logprobs", f"logprobs must be <= {MAX_TOP_LOGPROBS}, got {self.logprobs}")
+        return self.logprobs or 0
 
     @field_validator("prompt", mode="wrap")
     @classmethod
@@ -83,6 +92,18 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
+
+    def top_logprobs_count(self) -> int:
+        """How many alternatives each position reports: `top_logprobs`, which needs `logprobs`."""
+        if not self.top_logprobs:
+            return 0
+        if not self.logprobs:
+            raise RequestError("logprobs", "top_logprobs needs logprobs = true")
+        if self.top_logprobs > MAX_TOP_LOGPROBS:
+            raise RequestError(
+                "top_logprobs", f"top_logprobs must be <= {MAX_TOP_LOGPROBS}, got {self.top_logprobs}"
+            )
+        return self.top_logprobs
 
 
 def _stop_token_ids(request: _SamplingFields, tokenizer: Tokenizer) -> list[int]:
@@ -117,6 +138,7 @@ def sampling_params(
         stop_token_ids=_stop_token_ids(request, tokenizer),
         seed=request.seed,
         n=request.n,
+        top_logprobs=request.top_logprobs_count(),
     )
 
 
@@ -127,8 +149,6 @@ Prompts = list[tuple[str, list[int]]]
 def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prompts:
     if request.echo:
         raise RequestError("echo", "echo is not supported")
-    if request.logprobs:
-        raise RequestError("logprobs", "only logprobs = 0 (the sampled token's logprob) is supported")
     prompt = request.prompt
     if isinstance(prompt, str):
         return [("prompt", tokenizer.encode(prompt))]
@@ -142,8 +162,6 @@ def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prom
 
 def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:
     """The conversation rendered by the tokenizer's chat template: always one prompt."""
-    if request.top_logprobs:
-        raise RequestError("top_logprobs", "only top_logprobs = 0 (the sampled token's logprob) is supported")
     messages = []
     for message in request.messages:
         content = message.content or ""
@@ -183,13 +201,51 @@ def now() -> int:
     return int(time.time())
 
 
-def token_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[dict]:
-    """Chat `logprobs.content` entries."""
-    entries = []
-    for token, logprob in zip(token_ids, logprobs, strict=True):
-        text = tokenizer.decode([token], skip_special_tokens=False)
-        entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
-    return entries
+def _token_text(tokenizer: Tokenizer, token: int) -> str:
+    return tokenizer.decode([token], skip_special_tokens=False)
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[TopLogprobs] | None,
+) -> dict:
+    """A completion choice's `logprobs`: each token's text and logprob, and with `top`, a
+    {text: logprob} map of each position's most likely tokens."""
+    tokens = [_token_text(tokenizer, t) for t in token_ids]
+    top_maps = None
+    if top is not None:
+        top_maps = [{_token_text(tokenizer, t): value for t, value in position} for position in top]
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(logprobs),
+        "top_logprobs": top_maps,
+        "text_offset": _offsets(tokens),
+    }
+
+
+def _chat_entry(tokenizer: Tokenizer, token: int, logprob: float) -> dict:
+    text = _token_text(tokenizer, token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def chat_logprobs(
+    tokenizer: Tokenizer,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[TopLogprobs] | None,
+) -> dict:
+    """A chat choice's `logprobs`: an entry per token, with its position's most likely tokens."""
+    tops = top if top is not None else [[] for _ in token_ids]
+    content = [
+        {
+            **_chat_entry(tokenizer, token, logprob),
+            "top_logprobs": [_chat_entry(tokenizer, *t) for t in position],
+        }
+        for token, logprob, position in zip(token_ids, logprobs, tops, strict=True)
+    ]
+    return {"content": content}
 
 
 def usage(prompt_tokens: int, generated: int) -> dict:
@@ -211,13 +267,9 @@ def completion_body(
     for index, completion in enumerate(completions):
         logprobs = None
         if request.logprobs is not None:
-            tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in completion.token_ids]
-            logprobs = {
-                "tokens": tokens,
-                "token_logprobs": completion.logprobs,
-                "top_logprobs": None,
-                "text_offset": _offsets(tokens),
-            }
+            logprobs = completion_logprobs(
+                tokenizer, completion.token_ids, completion.logprobs, completion.top_logprobs
+            )
         choices.append(
             {
                 "index": index,
@@ -247,7 +299,9 @@ def chat_body(
     for index, completion in enumerate(completions):
         logprobs = None
         if request.logprobs:
-            logprobs = {"content": token_logprobs(tokenizer, completion.token_ids, completion.logprobs)}
+            logprobs = chat_logprobs(
+                tokenizer, completion.token_ids, completion.logprobs, completion.top_logprobs
+            )
         choices.append(
             {
                 "index": index,

@@ -4,13 +4,15 @@ Order, as in transformers and vLLM: temperature, then top-k, then top-p over wha
 kept. The logprob returned for a sampled token is log softmax(logits / T) at that token,
 before top-k/top-p truncation (T = 1 for greedy rows): the distribution the trainer
 recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
-which draws exactly from the categorical and lets seeded rows draw their own noise.
+which draws exactly from the categorical and lets seeded rows draw their own noise. Rows
+that ask for `top_logprobs` also get the most likely tokens of that same distribution.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -24,6 +26,18 @@ class RowSettings:
     top_p: float = 1.0
     generator: torch.Generator | None = None
     """Seeded requests draw from their own generator; others from the engine's."""
+    top_logprobs: int = 0
+    """How many of the most likely tokens to report with their logprobs."""
+
+
+class Sampled(NamedTuple):
+    tokens: torch.Tensor
+    """[B] sampled token ids."""
+    logprobs: torch.Tensor
+    """[B] their logprobs."""
+    top: tuple[torch.Tensor, torch.Tensor] | None
+    """(logprobs, token ids), each [B, K] most likely first, with K the most any row asked
+    for (None when no row asked)."""
 
 
 class BatchSampler:
@@ -47,11 +61,10 @@ class BatchSampler:
             self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
             self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
+        self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
 
-    def sample(
-        self, logits: torch.Tensor, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V] -> (token ids [B], logprobs [B])."""
+    def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> Sampled:
+        """logits [B, V] -> the sampled tokens, their logprobs, and the top logprobs asked for."""
         logits = logits.float()
         scaled = logits / self.temperature if self.scaled else logits
         logprobs = torch.log_softmax(scaled, dim=-1)
@@ -67,7 +80,10 @@ class BatchSampler:
             tokens = (candidates - noise.clamp_(min=torch.finfo(noise.dtype).tiny).log()).argmax(dim=-1)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
-        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+        top = None
+        if self.top_logprobs:
+            top = logprobs.topk(min(self.top_logprobs, logprobs.shape[-1]), dim=-1)
+        return Sampled(tokens, logprobs.gather(1, tokens[:, None])[:, 0], top)
 
 
 def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

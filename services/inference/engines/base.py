@@ -18,6 +18,9 @@ from rlrun.v1 import weights_pb2
 
 FinishReason = Literal["stop", "length", "abort"]
 
+TopLogprobs = list[tuple[int, float]]
+"""The most likely tokens at one position with their logprobs, most likely first."""
+
 
 @dataclass
 class Completion:
@@ -29,6 +32,9 @@ class Completion:
     finish_reason: FinishReason
     policy_version_start: int
     policy_version_end: int
+    top_logprobs: list[TopLogprobs] | None = None
+    """Per sampled token, when the request asked for `top_logprobs`: under the same
+    distribution as `logprobs`."""
 
 
 @dataclass
@@ -39,6 +45,7 @@ class StreamDelta:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason | None = None
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 @dataclass

@@ -30,8 +30,15 @@ from rlrun.common.errors import RequestError
 from rlrun.common.model import CausalLM, PackedCausal, SlotKVCache
 from rlrun.common.model.weights import broadcast_tensors
 from rlrun.common.types import SamplingParams
-from rlrun.inference.engines.base import Completion, FinishReason, QueueFullError, ScoreResult, StreamDelta
-from rlrun.inference.sampler import BatchSampler, RowSettings
+from rlrun.inference.engines.base import (
+    Completion,
+    FinishReason,
+    QueueFullError,
+    ScoreResult,
+    StreamDelta,
+    TopLogprobs,
+)
+from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
 
 log = logging.getLogger(__name__)
@@ -150,6 +157,8 @@ class _Sample:
     max_tokens: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[TopLogprobs] | None = None
+    """Per token, when the request asked for top_logprobs."""
     version_start: int = 0
     first_token_at: float = 0.0
 
@@ -332,8 +341,8 @@ class TorchEngineCore:
         if admissions:
             hidden = hidden.index_select(0, torch.tensor(keep, device=self.device))
             self._fan_out_prefixes(admissions)
-        tokens, logprobs = self._sample(self.model.lm_head(hidden))
-        self._record(tokens.tolist(), logprobs.tolist())
+        tokens, logprobs, top = self._sample(self.model.lm_head(hidden))
+        self._record(tokens.tolist(), logprobs.tolist(), top)
         running = self._running
         self._next_inputs = None
         if running:
@@ -350,8 +359,8 @@ class TorchEngineCore:
         hidden = self.model.hidden_states(
             self._next_tokens, position_ids, self.cache.step(slot_ids, position_ids)
         )
-        tokens, logprobs = self._sample(self.model.lm_head(hidden))
-        kept = self._record(tokens.tolist(), logprobs.tolist())
+        tokens, logprobs, top = self._sample(self.model.lm_head(hidden))
+        kept = self._record(tokens.tolist(), logprobs.tolist(), top)
         if kept is not None:
             if not kept:
                 self._next_inputs = None
@@ -361,7 +370,7 @@ class TorchEngineCore:
         self._next_tokens = tokens
         self._next_inputs = (slot_ids, position_ids + 1)
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor) -> Sampled:
         if self._sampler is None:
             self._sampler = BatchSampler([s.settings for s in self._running], self.device)
         return self._sampler.sample(logits, self._generator)
@@ -379,10 +388,15 @@ class TorchEngineCore:
             if params.seed is not None:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed * 1_000_003 + index)
-            settings = RowSettings(params.temperature, params.top_k, params.top_p, generator)
-            samples.append(
-                _Sample(request, index, slot, settings, frozenset(params.stop_token_ids), params.max_tokens)
+            settings = RowSettings(
+                params.temperature, params.top_k, params.top_p, generator, params.top_logprobs
             )
+            sample = _Sample(
+                request, index, slot, settings, frozenset(params.stop_token_ids), params.max_tokens
+            )
+            if params.top_logprobs:
+                sample.top = []
+            samples.append(sample)
         return samples
 
     def _fan_out_prefixes(self, admissions: list[Admission[_Request]]) -> None:
@@ -396,9 +410,13 @@ class TorchEngineCore:
             for store in (*self.cache.k, *self.cache.v):
                 store[targets, :length] = store[source, :length]
 
-    def _record(self, tokens: list[int], logprobs: list[float]) -> list[int] | None:
+    def _record(
+        self, tokens: list[int], logprobs: list[float], top: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> list[int] | None:
         """Appends each running sample's token; returns the rows still running when some
         finished (None: all carry on)."""
+        if top is not None:
+            self._record_top(*top)
         now = time.perf_counter()
         version = self.version
         stats = self._stats
@@ -420,8 +438,9 @@ class TorchEngineCore:
             if sample.request.streaming:
                 if deltas is None:
                     deltas = {}
+                top_entry = None if sample.top is None else sample.top[-1:]
                 deltas.setdefault(sample.request.rid, []).append(
-                    StreamDelta(sample.index, [token], [logprob], reason)
+                    StreamDelta(sample.index, [token], [logprob], reason, top_entry)
                 )
             if reason is not None:
                 finished.append((sample, reason))
@@ -440,11 +459,19 @@ class TorchEngineCore:
             self._finish(sample, reason, version, now)
         return kept
 
+    def _record_top(self, values: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """The most likely tokens of this step, for the rows that asked (each its own count)."""
+        values, token_ids = values.tolist(), token_ids.tolist()
+        for row, sample in enumerate(self._running):
+            if sample.top is not None:
+                count = sample.settings.top_logprobs
+                sample.top.append(list(zip(token_ids[row][:count], values[row][:count], strict=True)))
+
     def _finish(self, sample: _Sample, reason: FinishReason, version: int, now: float) -> None:
         self._scheduler.release(sample.slot)
         request = sample.request
         request.completions[sample.index] = Completion(
-            sample.tokens, sample.logprobs, reason, sample.version_start, version
+            sample.tokens, sample.logprobs, reason, sample.version_start, version, sample.top
         )
         self._stats.finished[reason] += 1
         if len(sample.tokens) > 1:
@@ -506,11 +533,12 @@ class TorchEngineCore:
         for request in self._take_open_requests():
             for sample in partial_samples.get(request.rid, []):
                 request.completions[sample.index] = Completion(
-                    sample.tokens, sample.logprobs, "abort", sample.version_start, version
+                    sample.tokens, sample.logprobs, "abort", sample.version_start, version, sample.top
                 )
+            top = [] if request.params.top_logprobs else None
             for index, completion in enumerate(request.completions):
                 if completion is None:
-                    request.completions[index] = Completion([], [], "abort", version, version)
+                    request.completions[index] = Completion([], [], "abort", version, version, top)
             if request.streaming:
                 self._events.append((END, request.rid))
             else:

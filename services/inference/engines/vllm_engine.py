@@ -43,6 +43,7 @@ from rlrun.inference.engines.base import (
     FinishReason,
     ScoreResult,
     StreamDelta,
+    TopLogprobs,
 )
 from rlrun.inference.throughput import ThroughputMeter
 from rlrun.v1 import weights_pb2
@@ -93,7 +94,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "stop_token_ids": list(params.stop_token_ids),
         "ignore_eos": True,
         "seed": params.seed,
-        "logprobs": 0,  # the sampled token's logprob only
+        # The sampled token's logprob, and the most likely tokens' where the request asks.
+        "logprobs": params.top_logprobs,
         "detokenize": False,
     }
 
@@ -105,7 +107,24 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict] | None) 
     return [float(entry[token].logprob) for token, entry in zip(token_ids, logprobs, strict=True)]
 
 
-def completion_from_output(output: Any, version_start: int, version_end: int) -> Completion:
+def top_logprobs(logprobs: Sequence[dict], count: int) -> list[TopLogprobs] | None:
+    """The `count` most likely tokens of each position: vLLM's dicts hold them (by rank, 1 =
+    most likely) beside the sampled token. None when the request asked for none."""
+    if not count:
+        return None
+    return [
+        [
+            (token, float(entry.logprob))
+            for token, entry in sorted(position.items(), key=lambda item: item[1].rank)
+            if entry.rank <= count
+        ]
+        for position in logprobs
+    ]
+
+
+def completion_from_output(
+    output: Any, version_start: int, version_end: int, top_count: int = 0
+) -> Completion:
     """A vllm CompletionOutput (token_ids, logprobs, finish_reason) as a Completion."""
     token_ids = list(output.token_ids)
     return Completion(
@@ -114,10 +133,11 @@ def completion_from_output(output: Any, version_start: int, version_end: int) ->
         finish_reason=_FINISH_REASONS.get(output.finish_reason, "abort"),
         policy_version_start=version_start,
         policy_version_end=version_end,
+        top_logprobs=top_logprobs(output.logprobs, top_count),
     )
 
 
-def delta_from_output(output: Any) -> StreamDelta:
+def delta_from_output(output: Any, top_count: int = 0) -> StreamDelta:
     """A vllm CompletionOutput of a DELTA-kind request (only the new tokens) as a StreamDelta."""
     token_ids = list(output.token_ids)
     reason = output.finish_reason
@@ -126,6 +146,7 @@ def delta_from_output(output: Any) -> StreamDelta:
         token_ids=token_ids,
         logprobs=sampled_logprobs(token_ids, output.logprobs),
         finish_reason=None if reason is None else _FINISH_REASONS.get(reason, "abort"),
+        top_logprobs=top_logprobs(output.logprobs, top_count),
     )
 
 
@@ -272,7 +293,9 @@ class VllmEngine(Engine):
             async for output in self._llm.generate(vllm_prompt, vllm_params, unique_id):
                 final = output
             ordered = sorted(final.outputs, key=lambda o: o.index)
-            completions = [completion_from_output(o, version_start, self._version) for o in ordered]
+            completions = [
+                completion_from_output(o, version_start, self._version, params.top_logprobs) for o in ordered
+            ]
             return completions
         finally:
             self._ended(
@@ -290,7 +313,7 @@ class VllmEngine(Engine):
         tokens = 0
         try:
             async for output in self._llm.generate(vllm_prompt, vllm_params, unique_id):
-                deltas = [delta_from_output(o) for o in output.outputs]
+                deltas = [delta_from_output(o, params.top_logprobs) for o in output.outputs]
                 tokens += sum(len(d.token_ids) for d in deltas)
                 reasons += [d.finish_reason for d in deltas if d.finish_reason is not None]
                 yield deltas

@@ -151,3 +151,49 @@ async def test_a_batch_the_queue_cannot_hold_is_refused_whole(start_service, str
             break
         await asyncio.sleep(0.05)
     assert status.waiting_requests == 0
+
+
+async def test_top_logprobs_list_the_most_likely_tokens_first(client):
+    reply = await client.chat.completions.create(
+        model="reverse_text", messages=MESSAGES, max_tokens=5, temperature=0.0, logprobs=True, top_logprobs=3
+    )
+    for entry in reply.choices[0].logprobs.content:
+        assert len(entry.top_logprobs) == 3
+        values = [alternative.logprob for alternative in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        # Greedy: the sampled token is the most likely one.
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+    text = await client.completions.create(
+        model="reverse_text", prompt="abc", max_tokens=4, temperature=0.0, logprobs=2
+    )
+    logprobs = text.choices[0].logprobs
+    assert len(logprobs.top_logprobs) == len(logprobs.tokens)
+    for token, logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        assert len(top) == 2 and top[token] == logprob == max(top.values())
+
+
+async def test_streamed_top_logprobs_equal_the_unstreamed(client):
+    settings = {"model": "reverse_text", "messages": MESSAGES, "max_tokens": 6, "temperature": 0.0}
+    settings |= {"logprobs": True, "top_logprobs": 2}
+    whole = await client.chat.completions.create(**settings)
+    stream = await client.chat.completions.create(stream=True, **settings)
+    entries = [
+        entry
+        async for chunk in stream
+        for choice in chunk.choices
+        for entry in (choice.logprobs.content if choice.logprobs else [])
+    ]
+    assert [e.model_dump() for e in entries] == [e.model_dump() for e in whole.choices[0].logprobs.content]
+
+
+async def test_too_many_top_logprobs_are_refused(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
+            model="reverse_text", messages=MESSAGES, logprobs=True, top_logprobs=21
+        )
+    assert caught.value.body["param"] == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model="reverse_text", prompt="abc", logprobs=21)
+    assert caught.value.body["param"] == "logprobs"

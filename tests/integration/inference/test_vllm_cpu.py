@@ -44,6 +44,7 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
         for key in ("sampled_logprob_diff", "greedy_logprob_diff", "score_diff", "updated_logprob_diff"):
             assert report[key] < 1e-4, reports
         assert report["greedy_is_argmax"]
+        assert report["top_logprobs"]["same_tokens"] and report["top_logprobs"]["logprob_diff"] < 1e-4
         assert report["streamed_tokens"] == 12 and report["batch_completions"] == 128
         assert report["updated_versions"] == [3, 3]
         assert report["held_while_paused"] and report["resumed_tokens"] == 4

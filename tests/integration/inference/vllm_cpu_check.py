@@ -54,6 +54,23 @@ def max_diff(completion, model, prompt, temperature):
     )
 
 
+def top_logprobs_check(completion, model, prompt, temperature, count) -> dict:
+    """Whether each position's reported tokens are the `count` most likely of a recomputed
+    forward pass, and how far their logprobs are from it."""
+    ids = torch.tensor(prompt + completion.token_ids)
+    with torch.no_grad():
+        logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1].float() / temperature, -1).topk(count)
+    reported = completion.top_logprobs
+    return {
+        "same_tokens": [[t for t, _ in top] for top in reported] == expected.indices.tolist(),
+        "logprob_diff": (torch.tensor([[v for _, v in top] for top in reported]) - expected.values)
+        .abs()
+        .max()
+        .item(),
+    }
+
+
 MODELS = {
     "qwen3": ("configs/models/tiny-d128.json", {"tie_word_embeddings": False}),
     "gpt2": ("configs/models/tiny-gpt2-d64.json", {"n_embd": 128, "n_inner": 512, "vocab_size": 128}),
@@ -88,6 +105,9 @@ async def check(output_dir: Path, family: str) -> dict:
             prompt, SamplingParams(max_tokens=12, temperature=0.8, n=3, stop_token_ids=[1])
         )
         [greedy] = await engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+        [ranked] = await engine.generate(
+            prompt, SamplingParams(max_tokens=8, temperature=0.8, top_logprobs=3)
+        )
         streamed = 0
         async for deltas in engine.stream(prompt, SamplingParams(max_tokens=6, temperature=1.0, n=2)):
             streamed += sum(len(d.token_ids) for d in deltas)
@@ -117,6 +137,7 @@ async def check(output_dir: Path, family: str) -> dict:
             "sampled_logprob_diff": max(max_diff(c, model, prompt, 0.8) for c in sampled),
             "greedy_logprob_diff": max_diff(greedy, model, prompt, 1.0),
             "greedy_is_argmax": greedy.token_ids == greedy_loop(model, prompt, 12),
+            "top_logprobs": top_logprobs_check(ranked, model, prompt, 0.8, 3),
             "streamed_tokens": streamed,
             "batch_completions": sum(len(r) for r in batch),
             "score_diff": score_diff,

@@ -12,6 +12,7 @@ from rlrun.inference.openai_protocol import (
     TextStream,
     chat_body,
     chat_prompts,
+    completion_body,
     completion_prompts,
     sampling_params,
 )
@@ -52,13 +53,62 @@ def test_a_multi_token_stop_string_is_refused(tokenizer):
     assert caught.value.field == "stop[0]"
 
 
-@pytest.mark.parametrize(
-    ("request_fields", "field"), [({"echo": True}, "echo"), ({"logprobs": 2}, "logprobs")]
-)
-def test_unsupported_completion_options_are_refused(tokenizer, request_fields, field):
+def test_echo_is_refused(tokenizer):
     with pytest.raises(RequestError) as caught:
-        completion_prompts(CompletionRequest(prompt="abc", **request_fields), tokenizer)
+        completion_prompts(CompletionRequest(prompt="abc", echo=True), tokenizer)
+    assert caught.value.field == "echo"
+
+
+@pytest.mark.parametrize(
+    ("body", "count"),
+    [
+        (CompletionRequest(prompt="a"), 0),
+        (CompletionRequest(prompt="a", logprobs=0), 0),
+        (CompletionRequest(prompt="a", logprobs=5), 5),
+        (ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], logprobs=True), 0),
+        (ChatCompletionRequest(messages=[{"role": "user"}], logprobs=True, top_logprobs=20), 20),
+    ],
+)
+def test_how_many_alternatives_a_request_asks_for(tokenizer, body, count):
+    assert sampling_params(body, tokenizer, 1, 32, 4).top_logprobs == count
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (CompletionRequest(prompt="a", logprobs=21), "logprobs"),
+        (ChatCompletionRequest(messages=[{"role": "user"}], logprobs=True, top_logprobs=21), "top_logprobs"),
+        (ChatCompletionRequest(messages=[{"role": "user"}], top_logprobs=2), "logprobs"),
+    ],
+)
+def test_too_many_alternatives_or_top_logprobs_without_logprobs_are_refused(tokenizer, body, field):
+    with pytest.raises(RequestError) as caught:
+        sampling_params(body, tokenizer, 1, 32, 4)
     assert caught.value.field == field
+
+
+def test_bodies_carry_each_positions_most_likely_tokens(tokenizer):
+    a, b = tokenizer.encode("ab")
+    completion = Completion(
+        [a, b], [-0.5, -0.25], "length", 0, 0, [[(a, -0.5), (b, -1.0)], [(b, -0.25), (a, -2.0)]]
+    )
+    chat = chat_body(
+        ChatCompletionRequest(messages=[{"role": "user"}], logprobs=True, top_logprobs=2),
+        tokenizer,
+        "m",
+        1,
+        [completion],
+    )
+    [first, second] = chat["choices"][0]["logprobs"]["content"]
+    assert first["top_logprobs"] == [
+        {"token": "a", "logprob": -0.5, "bytes": [97]},
+        {"token": "b", "logprob": -1.0, "bytes": [98]},
+    ]
+    assert [t["token"] for t in second["top_logprobs"]] == ["b", "a"]
+    text = completion_body(CompletionRequest(prompt="x", logprobs=2), tokenizer, "m", 1, [completion])
+    logprobs = text["choices"][0]["logprobs"]
+    assert logprobs["top_logprobs"] == [{"a": -0.5, "b": -1.0}, {"b": -0.25, "a": -2.0}]
+    assert logprobs["tokens"] == ["a", "b"] and logprobs["text_offset"] == [0, 1]
 
 
 def test_token_id_prompts_pass_through(tokenizer):

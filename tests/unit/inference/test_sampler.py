@@ -12,7 +12,9 @@ def logits_rows(rows: int, vocab: int = 12, seed: int = 0) -> torch.Tensor:
 
 def test_greedy_rows_take_the_argmax_and_report_the_temperature_one_logprob():
     logits = logits_rows(3)
-    tokens, logprobs = BatchSampler([RowSettings(0.0)] * 3).sample(logits, torch.Generator().manual_seed(1))
+    tokens, logprobs, _ = BatchSampler([RowSettings(0.0)] * 3).sample(
+        logits, torch.Generator().manual_seed(1)
+    )
     assert tokens.tolist() == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
     torch.testing.assert_close(logprobs, expected)
@@ -21,7 +23,7 @@ def test_greedy_rows_take_the_argmax_and_report_the_temperature_one_logprob():
 def test_sampled_logprobs_are_under_the_tempered_distribution_before_truncation():
     logits = logits_rows(4)
     rows = [RowSettings(0.7), RowSettings(1.3, top_k=3), RowSettings(0.5, top_p=0.5), RowSettings(0.0)]
-    tokens, logprobs = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(2))
+    tokens, logprobs, _ = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(2))
     temperatures = torch.tensor([0.7, 1.3, 0.5, 1.0])[:, None]
     expected = torch.log_softmax(logits / temperatures, -1).gather(1, tokens[:, None])[:, 0]
     torch.testing.assert_close(logprobs, expected)
@@ -45,14 +47,14 @@ def test_draws_follow_the_tempered_distribution():
     logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
     draws = 20000
     sampler = BatchSampler([RowSettings(2.0)] * draws)
-    tokens, _ = sampler.sample(logits.expand(draws, 3), torch.Generator().manual_seed(3))
+    tokens, _, _ = sampler.sample(logits.expand(draws, 3), torch.Generator().manual_seed(3))
     frequencies = torch.bincount(tokens, minlength=3).float() / draws
     torch.testing.assert_close(frequencies, torch.softmax(logits / 2.0, -1), atol=0.015, rtol=0)
 
 
 def test_top_k_draws_only_from_the_kept_tokens():
     logits = logits_rows(1, vocab=30).expand(500, 30)
-    tokens, _ = BatchSampler([RowSettings(1.5, top_k=4)] * 500).sample(
+    tokens, _, _ = BatchSampler([RowSettings(1.5, top_k=4)] * 500).sample(
         logits, torch.Generator().manual_seed(4)
     )
     assert set(tokens.tolist()) <= set(logits[0].topk(4).indices.tolist())
@@ -67,7 +69,7 @@ def test_seeded_rows_repeat_whatever_else_is_in_the_batch():
             RowSettings(1.0, generator=torch.Generator().manual_seed(42)),
             RowSettings(1.0),
         ]
-        tokens, _ = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(neighbours_seed))
+        tokens, _, _ = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(neighbours_seed))
         return int(tokens[1])
 
     draws = {seeded_draw(seed) for seed in range(6)}
@@ -81,5 +83,5 @@ def test_a_zero_exponential_draw_never_picks_a_truncated_token(monkeypatch):
         return self.fill_(0.0)
 
     monkeypatch.setattr(torch.Tensor, "exponential_", zeros)
-    tokens, _ = BatchSampler([RowSettings(1.0, top_k=2)]).sample(logits, None)
+    tokens, _, _ = BatchSampler([RowSettings(1.0, top_k=2)]).sample(logits, None)
     assert tokens.item() in (0, 1)

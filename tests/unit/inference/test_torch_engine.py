@@ -87,6 +87,44 @@ async def test_logprobs_equal_a_recomputed_forward_pass(engine, model):
             torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
 
 
+async def test_top_logprobs_are_the_most_likely_tokens_of_a_recomputed_forward_pass(engine, model):
+    # Rows asking for different counts (and one for none) share the batch.
+    settings = [
+        SamplingParams(max_tokens=12, temperature=0.7, n=2, top_logprobs=4),
+        SamplingParams(max_tokens=12, temperature=0.0, top_logprobs=2),
+        SamplingParams(max_tokens=12, temperature=1.0),
+    ]
+    results = await asyncio.gather(*[engine.generate(PROMPTS[2], s) for s in settings])
+    for params, completions in zip(settings, results, strict=True):
+        for completion in completions:
+            if not params.top_logprobs:
+                assert completion.top_logprobs is None
+                continue
+            temperature = params.temperature or 1.0
+            tokens = PROMPTS[2] + completion.token_ids
+            logits = full_forward(model, tokens)[len(PROMPTS[2]) - 1 : -1] / temperature
+            expected = torch.log_softmax(logits, -1).topk(params.top_logprobs, dim=-1)
+            assert len(completion.top_logprobs) == len(completion.token_ids)
+            for position, (values, ids) in enumerate(zip(*expected, strict=True)):
+                top = completion.top_logprobs[position]
+                assert [token for token, _ in top] == ids.tolist()
+                torch.testing.assert_close(torch.tensor([v for _, v in top]), values, atol=1e-4, rtol=0)
+            if params.temperature == 0:
+                assert [top[0][0] for top in completion.top_logprobs] == completion.token_ids
+
+
+async def test_streamed_deltas_carry_their_positions_top_logprobs(engine):
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3, top_logprobs=3)
+    [whole] = await engine.generate(PROMPTS[0], params)
+    streamed = [
+        top
+        for deltas in [d async for d in engine.stream(PROMPTS[0], params)]
+        for d in deltas
+        for top in d.top_logprobs
+    ]
+    assert streamed == whole.top_logprobs and all(len(top) == 3 for top in streamed)
+
+
 async def test_a_short_request_submitted_after_a_long_one_finishes_first(engine):
     long = engine.stream([5, 6, 7], SamplingParams(max_tokens=MAX_MODEL_LEN - 3, temperature=1.0))
     await anext(long)  # the long request is decoding

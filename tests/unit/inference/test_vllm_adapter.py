@@ -111,6 +111,20 @@ def test_delta_outputs_become_stream_deltas():
     assert last.finish_reason == "length"
 
 
+def test_top_logprobs_keep_the_ranked_tokens_and_drop_a_sampled_outsider():
+    # vLLM's dict at a position: the top tokens by rank, plus the sampled one (rank 7 here).
+    position = {
+        3: SimpleNamespace(logprob=-2.5, rank=7),
+        8: SimpleNamespace(logprob=-0.9, rank=2),
+        4: SimpleNamespace(logprob=-0.6, rank=1),
+    }
+    output = SimpleNamespace(index=0, token_ids=[3], logprobs=[position], finish_reason="length")
+    assert completion_from_output(output, 0, 0, top_count=2).top_logprobs == [[(4, -0.6), (8, -0.9)]]
+    assert delta_from_output(output, top_count=2).top_logprobs == [[(4, -0.6), (8, -0.9)]]
+    assert completion_from_output(output, 0, 0).top_logprobs is None
+    assert sampling_kwargs(SamplingParams(max_tokens=4, top_logprobs=2))["logprobs"] == 2
+
+
 def test_prompt_scores_pick_each_prompt_token():
     tokens = [4, 5, 6, 7]
     prompt_logprobs = [None, logprob_entry(5, -1.0), logprob_entry(6, -2.0), logprob_entry(7, -3.0)]
