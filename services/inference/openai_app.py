@@ -20,11 +20,13 @@ from starlette.exceptions import HTTPException
 from rlrun.common.aio import all_or_nothing
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.types import SamplingParams
 from rlrun.inference.batch_calls import primed_streams
-from rlrun.inference.engines.base import Engine, QueueFullError, StreamDelta
+from rlrun.inference.engines.base import Completion, Engine, QueueFullError, ScoreResult, StreamDelta
 from rlrun.inference.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    Echo,
     TextStream,
     chat_body,
     chat_logprobs,
@@ -108,21 +110,26 @@ def build_openai_app(
             return JSONResponse(error_body(message, "model", code="model_not_found"), status_code=404)
         return model_card()
 
+    def checked(body, build_prompts, max_tokens: int | None) -> list[tuple[list[int], SamplingParams]]:
+        """Each prompt of the request with its sampling settings, checked against the model."""
+        requests = []
+        for field, prompt in build_prompts(body, tokenizer):
+            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
+            check_generate(
+                prompt,
+                params,
+                vocab_size=engine.vocab_size,
+                max_model_len=engine.max_model_len,
+                prompt_field=field,
+                sampling_field=_BODY,
+            )
+            requests.append((prompt, params))
+        return requests
+
     async def respond(body, build_prompts, max_tokens: int | None, stream_format, full_body):
         """One generation endpoint: its prompts, checks, then the stream or the whole body."""
         try:
-            requests = []
-            for field, prompt in build_prompts(body, tokenizer):
-                params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
-                check_generate(
-                    prompt,
-                    params,
-                    vocab_size=engine.vocab_size,
-                    max_model_len=engine.max_model_len,
-                    prompt_field=field,
-                    sampling_field=_BODY,
-                )
-                requests.append((prompt, params))
+            requests = checked(body, build_prompts, max_tokens)
         except RequestError as error:
             return _bad_request(error)
         prompt_tokens = sum(len(prompt) for prompt, _ in requests)
@@ -141,10 +148,44 @@ def build_openai_app(
         completions = [completion for result in results for completion in result]
         return full_body(body, tokenizer, model_id, prompt_tokens, completions)
 
+    async def echoed(
+        prompt: list[int], params: SamplingParams, generate: bool
+    ) -> tuple[Echo, list[Completion]]:
+        """A prompt's own logprobs (temperature 1, as OpenAI's echo) and, unless max_tokens is
+        0, its completions."""
+        top = params.top_logprobs
+        calls = [engine.score(prompt, 1, 1.0, top)] if len(prompt) > 1 else []
+        if generate:
+            calls.append(engine.generate(prompt, params))
+        results = await all_or_nothing(calls)
+        score = results[0] if len(prompt) > 1 else ScoreResult([], engine.policy_version, [] if top else None)
+        if generate:
+            completions = results[-1]
+        else:
+            version = score.policy_version
+            completions = [Completion([], [], "length", version, version, [] if top else None)] * params.n
+        return Echo(prompt, score.logprobs, score.top_logprobs), completions
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        return await respond(body, completion_prompts, max_tokens, _COMPLETION_STREAM, completion_body)
+        if not body.echo:
+            return await respond(body, completion_prompts, max_tokens, _COMPLETION_STREAM, completion_body)
+        try:
+            # max_tokens 0 asks for the prompt alone; the checks still want room for a token.
+            requests = checked(body, completion_prompts, max_tokens or 1)
+        except RequestError as error:
+            return _bad_request(error)
+        try:
+            results = await all_or_nothing(
+                [echoed(prompt, params, generate=max_tokens > 0) for prompt, params in requests]
+            )
+        except QueueFullError as error:
+            return _queue_full(error)
+        echoes = [echo for echo, result in results for _ in result]
+        completions = [completion for _, result in results for completion in result]
+        prompt_tokens = sum(len(prompt) for prompt, _ in requests)
+        return completion_body(body, tokenizer, model_id, prompt_tokens, completions, echoes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):

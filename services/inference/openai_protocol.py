@@ -7,9 +7,13 @@ Logprobs (`logprobs` of a completion, `logprobs` / `top_logprobs` of a chat) are
 distribution sampled from, softmax(logits / T), as the trainer recomputes them; at most
 MAX_TOP_LOGPROBS alternatives per position.
 
+`echo` repeats each prompt before its completion, with the prompt tokens' logprobs under the
+model's own distribution (temperature 1; the first token has none), as OpenAI and vLLM do;
+with `max_tokens` 0 nothing is generated. This is how harnesses score loglikelihoods.
+
 Differences from OpenAI, each answered with a 400 naming the field rather than ignored:
 `stop` strings must each be one token of the tokenizer (generation stops on token ids), and
-`echo` is not offered. `top_k` and `stop_token_ids` are accepted as vLLM-style extensions.
+`echo` does not stream. `top_k` and `stop_token_ids` are accepted as vLLM-style extensions.
 The `model` field is accepted and ignored: one model is served.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -147,8 +152,8 @@ Prompts = list[tuple[str, list[int]]]
 
 
 def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prompts:
-    if request.echo:
-        raise RequestError("echo", "echo is not supported")
+    if request.echo and request.stream:
+        raise RequestError("echo", "echo does not stream; ask without stream")
     prompt = request.prompt
     if isinstance(prompt, str):
         return [("prompt", tokenizer.encode(prompt))]
@@ -205,18 +210,32 @@ def _token_text(tokenizer: Tokenizer, token: int) -> str:
     return tokenizer.decode([token], skip_special_tokens=False)
 
 
+@dataclass
+class Echo:
+    """A prompt repeated before its completion (`echo`), with the logprobs of its tokens after
+    the first (and with top_logprobs, each such position's most likely tokens)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top: list[TopLogprobs] | None
+
+
 def completion_logprobs(
     tokenizer: Tokenizer,
     token_ids: Sequence[int],
-    logprobs: Sequence[float],
-    top: Sequence[TopLogprobs] | None,
+    logprobs: Sequence[float | None],
+    top: Sequence[TopLogprobs | None] | None,
 ) -> dict:
     """A completion choice's `logprobs`: each token's text and logprob, and with `top`, a
-    {text: logprob} map of each position's most likely tokens."""
+    {text: logprob} map of each position's most likely tokens (None where a position has no
+    logprob: an echoed prompt's first token)."""
     tokens = [_token_text(tokenizer, t) for t in token_ids]
     top_maps = None
     if top is not None:
-        top_maps = [{_token_text(tokenizer, t): value for t, value in position} for position in top]
+        top_maps = [
+            None if position is None else {_token_text(tokenizer, t): value for t, value in position}
+            for position in top
+        ]
     return {
         "tokens": tokens,
         "token_logprobs": list(logprobs),
@@ -262,19 +281,25 @@ def completion_body(
     model_id: str,
     prompt_tokens: int,
     completions: Sequence[Completion],
+    echoes: Sequence[Echo] | None = None,
 ) -> dict:
+    """`echoes`: with `echo`, the prompt of each choice."""
     choices = []
     for index, completion in enumerate(completions):
-        logprobs = None
-        if request.logprobs is not None:
-            logprobs = completion_logprobs(
-                tokenizer, completion.token_ids, completion.logprobs, completion.top_logprobs
-            )
+        token_ids, logprobs, top = completion.token_ids, completion.logprobs, completion.top_logprobs
+        if echoes is not None:
+            echo = echoes[index]
+            token_ids = echo.token_ids + token_ids
+            logprobs = [None, *echo.logprobs, *logprobs]
+            if top is not None and echo.top is not None:
+                top = [None, *echo.top, *top]
         choices.append(
             {
                 "index": index,
-                "text": tokenizer.decode(completion.token_ids),
-                "logprobs": logprobs,
+                "text": tokenizer.decode(token_ids),
+                "logprobs": None
+                if request.logprobs is None
+                else completion_logprobs(tokenizer, token_ids, logprobs, top),
                 "finish_reason": completion.finish_reason,
             }
         )

@@ -52,6 +52,8 @@ class StreamDelta:
 class ScoreResult:
     logprobs: list[float]
     policy_version: int
+    top_logprobs: list[TopLogprobs] | None = None
+    """Per scored token, when asked for: the most likely tokens at its position."""
 
 
 @dataclass
@@ -112,8 +114,11 @@ class Engine(ABC):
         Closing the iterator early aborts the request."""
 
     @abstractmethod
-    async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
-        """Logprobs of token_ids[start:] given their prefixes, under softmax(logits / temperature)."""
+    async def score(
+        self, token_ids: Sequence[int], start: int, temperature: float, top_logprobs: int = 0
+    ) -> ScoreResult:
+        """Logprobs of token_ids[start:] given their prefixes, under softmax(logits / temperature),
+        and with `top_logprobs`, the most likely tokens at each of those positions."""
 
     @abstractmethod
     def weight_specs(self) -> dict[str, torch.Tensor]:

@@ -212,8 +212,10 @@ class CoreClient(Engine):
     async def _apply_command(self, make_command, version: int) -> float:
         return await self._call(make_command, on_result=lambda _: self._set_version(version))
 
-    async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
-        return await self._call(lambda rid: Score(rid, list(token_ids), start, temperature))
+    async def score(
+        self, token_ids: Sequence[int], start: int, temperature: float, top_logprobs: int = 0
+    ) -> ScoreResult:
+        return await self._call(lambda rid: Score(rid, list(token_ids), start, temperature, top_logprobs))
 
     async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
         raise RequestError("header.transport", NCCL_UNSUPPORTED)

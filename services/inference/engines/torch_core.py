@@ -75,6 +75,7 @@ class Score:
     token_ids: list[int]
     start: int
     temperature: float
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -566,7 +567,11 @@ class TorchEngineCore:
             row_index = torch.tensor(rows, device=self.device)
             logits = self.model.lm_head(hidden.index_select(0, row_index)).float()
             logits = logits / torch.tensor(temperatures, device=self.device)[:, None]
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[row_index + 1][:, None])[:, 0].tolist()
+            distributions = torch.log_softmax(logits, dim=-1)
+            logprobs = distributions.gather(1, ids[row_index + 1][:, None])[:, 0].tolist()
+            most = max(job.top_logprobs for job in jobs)
+            if most:
+                top_values, top_ids = (t.tolist() for t in distributions.topk(min(most, logits.shape[-1])))
         except Exception as error:
             log.exception("score batch failed")
             self._events.extend((FAILED, job.rid, error) for job in jobs)
@@ -574,7 +579,13 @@ class TorchEngineCore:
         cursor = 0
         for job in jobs:
             count = len(job.token_ids) - job.start
-            self._events.append((DONE, job.rid, ScoreResult(logprobs[cursor : cursor + count], self.version)))
+            rows = range(cursor, cursor + count)
+            top = None
+            if job.top_logprobs:
+                k = job.top_logprobs
+                top = [list(zip(top_ids[r][:k], top_values[r][:k], strict=True)) for r in rows]
+            result = ScoreResult(logprobs[cursor : cursor + count], self.version, top)
+            self._events.append((DONE, job.rid, result))
             cursor += count
 
 

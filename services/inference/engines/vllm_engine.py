@@ -107,7 +107,7 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict] | None) 
     return [float(entry[token].logprob) for token, entry in zip(token_ids, logprobs, strict=True)]
 
 
-def top_logprobs(logprobs: Sequence[dict], count: int) -> list[TopLogprobs] | None:
+def top_logprobs_of(logprobs: Sequence[dict], count: int) -> list[TopLogprobs] | None:
     """The `count` most likely tokens of each position: vLLM's dicts hold them (by rank, 1 =
     most likely) beside the sampled token. None when the request asked for none."""
     if not count:
@@ -133,7 +133,7 @@ def completion_from_output(
         finish_reason=_FINISH_REASONS.get(output.finish_reason, "abort"),
         policy_version_start=version_start,
         policy_version_end=version_end,
-        top_logprobs=top_logprobs(output.logprobs, top_count),
+        top_logprobs=top_logprobs_of(output.logprobs, top_count),
     )
 
 
@@ -146,7 +146,7 @@ def delta_from_output(output: Any, top_count: int = 0) -> StreamDelta:
         token_ids=token_ids,
         logprobs=sampled_logprobs(token_ids, output.logprobs),
         finish_reason=None if reason is None else _FINISH_REASONS.get(reason, "abort"),
-        top_logprobs=top_logprobs(output.logprobs, top_count),
+        top_logprobs=top_logprobs_of(output.logprobs, top_count),
     )
 
 
@@ -320,18 +320,26 @@ class VllmEngine(Engine):
         finally:
             self._ended(started, reasons or ["abort"] * params.n, tokens)
 
-    async def score(self, token_ids: Sequence[int], start: int, temperature: float) -> ScoreResult:
+    async def score(
+        self, token_ids: Sequence[int], start: int, temperature: float, top_logprobs: int = 0
+    ) -> ScoreResult:
         if temperature not in (0.0, 1.0):
             raise RequestError("temperature", "the vllm engine scores at temperature 1 only (0 means 1)")
         if len(token_ids) >= self.max_model_len:
             raise RequestError("token_ids", f"the vllm engine scores at most {self.max_model_len - 1} tokens")
         from vllm import SamplingParams as VllmSamplingParams
 
-        params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        params = VllmSamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=top_logprobs, detokenize=False
+        )
         final = None
         async for output in self._llm.generate(token_prompt(token_ids), params, f"score-{uuid.uuid4().hex}"):
             final = output
-        return ScoreResult(prompt_scores(token_ids, start, final.prompt_logprobs), self._version)
+        return ScoreResult(
+            prompt_scores(token_ids, start, final.prompt_logprobs),
+            self._version,
+            top_logprobs_of(final.prompt_logprobs[start:], top_logprobs),
+        )
 
     def weight_specs(self) -> dict[str, torch.Tensor]:
         return self._specs

@@ -6,7 +6,10 @@ import httpx
 import openai
 import pytest
 
+from rlrun.common.tokenizer import load_tokenizer
 from rlrun.v1 import inference_pb2
+
+from .conftest import REPO
 
 MESSAGES = [{"role": "user", "content": "abc"}]
 
@@ -197,3 +200,43 @@ async def test_too_many_top_logprobs_are_refused(client):
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(model="reverse_text", prompt="abc", logprobs=21)
     assert caught.value.body["param"] == "logprobs"
+
+
+async def test_echo_scores_the_prompt_as_a_harness_asks(client, service):
+    # lm-evaluation-harness's loglikelihood request: the prompt alone, its logprobs, greedy.
+    reply = await client.completions.create(
+        model="reverse_text", prompt="abcd", max_tokens=0, echo=True, logprobs=1, temperature=0.0
+    )
+    [choice] = reply.choices
+    assert choice.text == "abcd" and reply.usage.completion_tokens == 0
+    logprobs = choice.logprobs
+    assert logprobs.tokens == ["a", "b", "c", "d"] and logprobs.token_logprobs[0] is None
+    assert logprobs.top_logprobs[0] is None and all(len(top) == 1 for top in logprobs.top_logprobs[1:])
+    # The prompt's logprobs are the model's own: what Score says of the same tokens.
+    tokenizer = load_tokenizer(str(REPO / "configs/tokenizer/lowercase.json"))
+    scored = await service.stub.Score(
+        inference_pb2.ScoreRequest(token_ids=tokenizer.encode("abcd"), start=1, temperature=1.0)
+    )
+    assert logprobs.token_logprobs[1:] == pytest.approx(list(scored.logprobs), abs=1e-6)
+    rest = zip(logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True)
+    for token, logprob, top in rest:
+        [(best, best_logprob)] = top.items()
+        assert best_logprob >= logprob and (best != token or best_logprob == logprob)
+
+
+async def test_echo_puts_each_prompt_before_its_completion(client):
+    greedy = {"model": "reverse_text", "max_tokens": 3, "temperature": 0.0}
+    plain = await client.completions.create(prompt=["ab", "cde"], **greedy)
+    echoed = await client.completions.create(prompt=["ab", "cde"], echo=True, logprobs=0, **greedy)
+    assert [c.text for c in echoed.choices] == ["ab" + plain.choices[0].text, "cde" + plain.choices[1].text]
+    for choice, prompt in zip(echoed.choices, ["ab", "cde"], strict=True):
+        assert choice.logprobs.tokens[: len(prompt)] == list(prompt)
+        assert choice.logprobs.token_logprobs[0] is None
+        assert len(choice.logprobs.token_logprobs) == len(prompt) + 3
+    assert echoed.usage == plain.usage
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(prompt="ab", echo=True, stream=True, **greedy)
+    assert caught.value.body["param"] == "echo"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model="reverse_text", prompt="ab", echo=True, max_tokens=-1)
+    assert caught.value.body["param"] == "max_tokens"

@@ -44,7 +44,8 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
         for key in ("sampled_logprob_diff", "greedy_logprob_diff", "score_diff", "updated_logprob_diff"):
             assert report[key] < 1e-4, reports
         assert report["greedy_is_argmax"]
-        assert report["top_logprobs"]["same_tokens"] and report["top_logprobs"]["logprob_diff"] < 1e-4
+        for key in ("top_logprobs", "score_top_logprobs"):
+            assert report[key]["same_tokens"] and report[key]["logprob_diff"] < 1e-4, reports
         assert report["streamed_tokens"] == 12 and report["batch_completions"] == 128
         assert report["updated_versions"] == [3, 3]
         assert report["held_while_paused"] and report["resumed_tokens"] == 4
@@ -54,6 +55,8 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     assert service["status"] == ["vllm", 1]
     assert [index for index, _ in service["http_choices"]] == [0, 1]
     assert service["http_completion_tokens"] == sum(tokens for _, tokens in service["http_choices"]) > 0
+    text, echo_logprobs = service["http_echo"]
+    assert text == "abcd" and echo_logprobs[0] is None and len(echo_logprobs) == 4
     assert service["exit_code"] == 0
 
 

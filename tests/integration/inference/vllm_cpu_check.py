@@ -16,6 +16,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -117,7 +118,7 @@ async def check(output_dir: Path, family: str) -> dict:
                 for i in range(16)
             ]
         )
-        score = await engine.score(prompt + greedy.token_ids, len(prompt), 1.0)
+        score = await engine.score(prompt + greedy.token_ids, len(prompt), 1.0, top_logprobs=3)
         score_diff = (
             (torch.tensor(score.logprobs) - recomputed(model, prompt, greedy.token_ids, 1.0))
             .abs()
@@ -138,6 +139,13 @@ async def check(output_dir: Path, family: str) -> dict:
             "greedy_logprob_diff": max_diff(greedy, model, prompt, 1.0),
             "greedy_is_argmax": greedy.token_ids == greedy_loop(model, prompt, 12),
             "top_logprobs": top_logprobs_check(ranked, model, prompt, 0.8, 3),
+            "score_top_logprobs": top_logprobs_check(
+                SimpleNamespace(token_ids=greedy.token_ids, top_logprobs=score.top_logprobs),
+                model,
+                prompt,
+                1.0,
+                3,
+            ),
             "streamed_tokens": streamed,
             "batch_completions": sum(len(r) for r in batch),
             "score_diff": score_diff,
@@ -150,12 +158,10 @@ async def check(output_dir: Path, family: str) -> dict:
         await engine.stop()
 
 
-def http_completion(port: int, model: str) -> dict:
+def http_completion(port: int, body: dict) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
-        data=json.dumps(
-            {"model": model, "prompt": ["abc", "hello"], "max_tokens": 5, "logprobs": 0}
-        ).encode(),
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
     try:
@@ -169,7 +175,7 @@ async def service_check(output_dir: Path) -> dict:
     """`rlrun serve inference` with the vLLM engine (GPT-2), as a pod runs it: held
     NOT_SERVING until version 1 arrives over the chunked UpdateWeights stream, then gRPC
     Generate under the new weights, GetStatus, an HTTP completion of a batch of two prompts,
-    and SIGTERM."""
+    an echoed prompt's logprobs over HTTP (a harness's loglikelihood request), and SIGTERM."""
     overrides = family_overrides(output_dir, "gpt2")
     config = load_config(CONFIG, overrides)
     http_port = free_port()
@@ -204,7 +210,10 @@ async def service_check(output_dir: Path) -> dict:
             [completion] = reply.completions
             status = await stub.GetStatus(inference_pb2.GetInferenceStatusRequest())
         completion_diff = max_diff(completion, updated, prompt, 1.0)
-        http = await asyncio.to_thread(http_completion, http_port, config.name)
+        batch = {"model": config.name, "prompt": ["abc", "hello"], "max_tokens": 5, "logprobs": 0}
+        http = await asyncio.to_thread(http_completion, http_port, batch)
+        loglikelihood = {"prompt": "abcd", "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0}
+        echo = await asyncio.to_thread(http_completion, http_port, loglikelihood)
     finally:
         exit_code = await stop_service(process, timeout_s=120)
     serving = health_pb2.HealthCheckResponse.ServingStatus.Name
@@ -218,6 +227,7 @@ async def service_check(output_dir: Path) -> dict:
         "status": [status.engine, status.policy_version],
         "http_completion_tokens": http["usage"]["completion_tokens"],
         "http_choices": [(c["index"], len(c["logprobs"]["token_logprobs"])) for c in http["choices"]],
+        "http_echo": [echo["choices"][0]["text"], echo["choices"][0]["logprobs"]["token_logprobs"]],
         "exit_code": exit_code,
     }
 

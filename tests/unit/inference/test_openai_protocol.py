@@ -9,6 +9,7 @@ from rlrun.inference.engines.base import Completion
 from rlrun.inference.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    Echo,
     TextStream,
     chat_body,
     chat_prompts,
@@ -53,10 +54,26 @@ def test_a_multi_token_stop_string_is_refused(tokenizer):
     assert caught.value.field == "stop[0]"
 
 
-def test_echo_is_refused(tokenizer):
+def test_echo_does_not_stream(tokenizer):
     with pytest.raises(RequestError) as caught:
-        completion_prompts(CompletionRequest(prompt="abc", echo=True), tokenizer)
+        completion_prompts(CompletionRequest(prompt="abc", echo=True, stream=True), tokenizer)
     assert caught.value.field == "echo"
+
+
+def test_an_echoed_prompt_comes_first_with_its_logprobs(tokenizer):
+    a, b, c = tokenizer.encode("abc")
+    echo = Echo([a, b], [-0.7], [[(b, -0.7), (c, -0.9)]])
+    completion = Completion([c], [-0.2], "length", 0, 0, [[(c, -0.2), (a, -3.0)]])
+    body = completion_body(
+        CompletionRequest(prompt="ab", echo=True, logprobs=2), tokenizer, "m", 2, [completion], [echo]
+    )
+    [choice] = body["choices"]
+    assert choice["text"] == "abc"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["a", "b", "c"] and logprobs["text_offset"] == [0, 1, 2]
+    assert logprobs["token_logprobs"] == [None, -0.7, -0.2]
+    assert logprobs["top_logprobs"] == [None, {"b": -0.7, "c": -0.9}, {"c": -0.2, "a": -3.0}]
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
 
 
 @pytest.mark.parametrize(

@@ -275,6 +275,20 @@ async def test_scores_equal_a_forward_pass(engine, model):
     )
 
 
+async def test_scores_report_each_positions_most_likely_tokens_when_asked(engine, model):
+    tokens = [5, 6, 7, 8, 9, 10, 11]
+    asked, plain = await asyncio.gather(
+        engine.score(tokens, 2, 0.7, top_logprobs=3), engine.score(tokens, 2, 0.7)
+    )
+    logits = full_forward(model, tokens)[1:-1] / 0.7
+    expected = torch.log_softmax(logits, -1).topk(3, dim=-1)
+    assert [[t for t, _ in top] for top in asked.top_logprobs] == expected.indices.tolist()
+    torch.testing.assert_close(
+        torch.tensor([[v for _, v in top] for top in asked.top_logprobs]), expected.values, atol=1e-5, rtol=0
+    )
+    assert asked.logprobs == plain.logprobs and plain.top_logprobs is None
+
+
 async def test_stop_ends_open_requests_with_abort(model):
     engine = TorchEngine(
         model, model_name="tiny", max_model_len=MAX_MODEL_LEN, max_batch_size=2, max_waiting=8
