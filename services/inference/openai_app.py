@@ -7,14 +7,15 @@ bad request (the `param` names the field), 429 when the waiting queue is full.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from rlrun.common.aio import all_or_nothing
@@ -63,6 +64,32 @@ def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+async def _unless_the_client_leaves(request: Request, answer: Awaitable[Response]) -> Response:
+    """The answer, unless the client disconnects first: then the work is cancelled, so its
+    requests leave the engine and free their slots at once, and nobody is answered. (Once a
+    stream has started, StreamingResponse watches for the disconnect itself.)"""
+    work = asyncio.ensure_future(answer)
+    left = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait([work, left], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        work.cancel()
+        left.cancel()
+        raise
+    left.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
+async def _disconnect(request: Request) -> None:
+    # The body is read already, so the next message the server sends is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_openai_app(
@@ -167,7 +194,17 @@ def build_openai_app(
         return Echo(prompt, score.logprobs, score.top_logprobs), completions
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
+        return await _unless_the_client_leaves(request, complete(body))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await _unless_the_client_leaves(
+            request, respond(body, chat_prompts, max_tokens, _CHAT_STREAM, chat_body)
+        )
+
+    async def complete(body: CompletionRequest):
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         if not body.echo:
             return await respond(body, completion_prompts, max_tokens, _COMPLETION_STREAM, completion_body)
@@ -186,11 +223,6 @@ def build_openai_app(
         completions = [completion for _, result in results for completion in result]
         prompt_tokens = sum(len(prompt) for prompt, _ in requests)
         return completion_body(body, tokenizer, model_id, prompt_tokens, completions, echoes)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await respond(body, chat_prompts, max_tokens, _CHAT_STREAM, chat_body)
 
     return app
 

@@ -10,6 +10,7 @@ from rlrun.common.tokenizer import load_tokenizer
 from rlrun.v1 import inference_pb2
 
 from .conftest import REPO
+from .test_grpc_service import wait_for_status
 
 MESSAGES = [{"role": "user", "content": "abc"}]
 
@@ -240,3 +241,24 @@ async def test_echo_puts_each_prompt_before_its_completion(client):
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(model="reverse_text", prompt="ab", echo=True, max_tokens=-1)
     assert caught.value.body["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": ["ab", "cd"], "max_tokens": 4}),
+        ("/v1/completions", {"prompt": "ab", "max_tokens": 4, "echo": True}),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, "stream": True}),
+    ],
+)
+async def test_a_client_that_leaves_before_its_answer_frees_the_engine(service, path, body):
+    await service.stub.Pause(inference_pb2.PauseRequest())  # nothing runs: requests wait
+    async with httpx.AsyncClient() as http:
+        call = asyncio.create_task(http.post(f"{service.http_url}{path}", json={"model": "m", **body}))
+        await asyncio.wait_for(wait_for_status(service.stub, lambda s: s.waiting_requests > 0), 30)
+        call.cancel()  # the connection closes
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    # Still paused, so only leaving can have emptied the queue.
+    status = await asyncio.wait_for(wait_for_status(service.stub, lambda s: s.waiting_requests == 0), 30)
+    assert status.paused
