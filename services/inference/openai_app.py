@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -36,9 +36,11 @@ from rlrun.inference.openai_protocol import (
     completion_logprobs,
     completion_prompts,
     error_body,
+    long_stop_strings,
     new_id,
     now,
     sampling_params,
+    stop_strings,
     usage,
 )
 from rlrun.inference.validation import check_generate
@@ -153,6 +155,14 @@ def build_openai_app(
             requests.append((prompt, params))
         return requests
 
+    def generator(body):
+        """engine.generate, or where stop sequences of several tokens need the text to be
+        watched, `_until_stopped` over the engine's stream."""
+        stops = long_stop_strings(body, tokenizer)
+        if not stops:
+            return engine.generate
+        return lambda prompt, params: _until_stopped(engine, tokenizer, prompt, params, stop_strings(body))
+
     async def respond(body, build_prompts, max_tokens: int | None, stream_format, full_body):
         """One generation endpoint: its prompts, checks, then the stream or the whole body."""
         try:
@@ -169,24 +179,23 @@ def build_openai_app(
                         stream_format, tokenizer, model_id, body, choices, prompt_tokens, first, rest
                     )
                 )
-            results = await all_or_nothing([engine.generate(prompt, params) for prompt, params in requests])
+            generate = generator(body)
+            results = await all_or_nothing([generate(prompt, params) for prompt, params in requests])
         except QueueFullError as error:
             return _queue_full(error)
         completions = [completion for result in results for completion in result]
         return full_body(body, tokenizer, model_id, prompt_tokens, completions)
 
-    async def echoed(
-        prompt: list[int], params: SamplingParams, generate: bool
-    ) -> tuple[Echo, list[Completion]]:
-        """A prompt's own logprobs (temperature 1, as OpenAI's echo) and, unless max_tokens is
-        0, its completions."""
+    async def echoed(prompt: list[int], params: SamplingParams, generate) -> tuple[Echo, list[Completion]]:
+        """A prompt's own logprobs (temperature 1, as OpenAI's echo) and, with a `generate`
+        (max_tokens above 0), its completions."""
         top = params.top_logprobs
         calls = [engine.score(prompt, 1, 1.0, top)] if len(prompt) > 1 else []
-        if generate:
-            calls.append(engine.generate(prompt, params))
+        if generate is not None:
+            calls.append(generate(prompt, params))
         results = await all_or_nothing(calls)
         score = results[0] if len(prompt) > 1 else ScoreResult([], engine.policy_version, [] if top else None)
-        if generate:
+        if generate is not None:
             completions = results[-1]
         else:
             version = score.policy_version
@@ -214,9 +223,8 @@ def build_openai_app(
         except RequestError as error:
             return _bad_request(error)
         try:
-            results = await all_or_nothing(
-                [echoed(prompt, params, generate=max_tokens > 0) for prompt, params in requests]
-            )
+            generate = generator(body) if max_tokens > 0 else None
+            results = await all_or_nothing([echoed(prompt, params, generate) for prompt, params in requests])
         except QueueFullError as error:
             return _queue_full(error)
         echoes = [echo for echo, result in results for _ in result]
@@ -262,6 +270,43 @@ _COMPLETION_STREAM = _StreamFormat("text_completion", "cmpl", _completion_choice
 _CHAT_STREAM = _StreamFormat("chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True)
 
 
+async def _until_stopped(
+    engine: Engine, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, stops: list[str]
+) -> list[Completion]:
+    """The completions of a request whose samples end at a stop sequence the engine cannot
+    see (several tokens long): its stream, watched as text, closed (so the request leaves the
+    engine) once every sample has stopped or finished."""
+    version_start = engine.policy_version
+    samples = range(params.n)
+    texts = [TextStream(tokenizer, stops) for _ in samples]
+    token_ids: list[list[int]] = [[] for _ in samples]
+    logprobs: list[list[float]] = [[] for _ in samples]
+    tops = [[] if params.top_logprobs else None for _ in samples]
+    reasons: list[str | None] = [None] * params.n
+    stream = engine.stream(prompt, params)
+    try:
+        async for deltas in stream:
+            for delta in deltas:
+                i = delta.index
+                if reasons[i] is not None:
+                    continue
+                token_ids[i] += delta.token_ids
+                logprobs[i] += delta.logprobs
+                if tops[i] is not None:
+                    tops[i] += delta.top_logprobs
+                texts[i].push(delta.token_ids)
+                reasons[i] = "stop" if texts[i].stopped else delta.finish_reason
+            if None not in reasons:
+                break
+    finally:
+        await stream.aclose()
+    version = engine.policy_version
+    return [
+        Completion(token_ids[i], logprobs[i], reasons[i] or "abort", version_start, version, tops[i])
+        for i in samples
+    ]
+
+
 async def _stream_chunks(
     form: _StreamFormat,
     tokenizer: Tokenizer,
@@ -272,7 +317,8 @@ async def _stream_chunks(
     first: list[StreamDelta],
     rest: AsyncIterator[list[StreamDelta]],
 ) -> AsyncIterator[dict]:
-    texts = [TextStream(tokenizer) for _ in range(choices)]
+    texts = [TextStream(tokenizer, stop_strings(body)) for _ in range(choices)]
+    ended = [False] * choices
     ident, created = new_id(form.id_prefix), now()
 
     def chunk(entries: list[dict], **extra) -> dict:
@@ -292,10 +338,23 @@ async def _stream_chunks(
         )
     generated = 0
     batch = first
-    while batch is not None:
-        for delta in batch:
-            generated += len(delta.token_ids)
-            yield chunk([form.choice(tokenizer, body, delta, texts[delta.index].push(delta.token_ids))])
-        batch = await anext(rest, None)
+    try:
+        while batch is not None:
+            for delta in batch:
+                text = texts[delta.index]
+                if ended[delta.index]:  # stopped; the rest of its request is on its way out
+                    continue
+                generated += len(delta.token_ids)
+                piece = text.push(delta.token_ids)
+                reason = "stop" if text.stopped else delta.finish_reason
+                if reason is not None:
+                    piece += text.finish()
+                    ended[delta.index] = True
+                yield chunk([form.choice(tokenizer, body, replace(delta, finish_reason=reason), piece)])
+            if all(ended):
+                break
+            batch = await anext(rest, None)
+    finally:
+        await rest.aclose()  # every choice ended, or the client left: the request leaves the engine
     if body.stream_options is not None and body.stream_options.include_usage:
         yield chunk([], usage=usage(prompt_tokens, generated))

@@ -11,8 +11,12 @@ MAX_TOP_LOGPROBS alternatives per position.
 model's own distribution (temperature 1; the first token has none), as OpenAI and vLLM do;
 with `max_tokens` 0 nothing is generated. This is how harnesses score loglikelihoods.
 
+A choice's text ends before its first `stop` sequence (finish_reason "stop"); its tokens and
+logprobs run up to the token that completed it. The engine stops on single-token sequences
+itself; longer ones are found in the text as it streams, and the request is cancelled once
+every choice has stopped.
+
 Differences from OpenAI, each answered with a 400 naming the field rather than ignored:
-`stop` strings must each be one token of the tokenizer (generation stops on token ids), and
 `echo` does not stream. `top_k` and `stop_token_ids` are accepted as vLLM-style extensions.
 The `model` field is accepted and ignored: one model is served.
 """
@@ -111,18 +115,41 @@ class ChatCompletionRequest(_SamplingFields):
         return self.top_logprobs
 
 
-def _stop_token_ids(request: _SamplingFields, tokenizer: Tokenizer) -> list[int]:
-    stops = list(tokenizer.stop_token_ids) + list(request.stop_token_ids)
+def stop_strings(request: _SamplingFields) -> list[str]:
+    """The request's `stop` sequences: the text of a choice ends before the first of them."""
     strings = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     for i, text in enumerate(strings):
+        if not text:
+            raise RequestError(f"stop[{i}]", f"stop[{i}] must not be empty")
+    return strings
+
+
+def long_stop_strings(request: _SamplingFields, tokenizer: Tokenizer) -> list[str]:
+    """The stop sequences of more than one token, which only the text can show (the engine
+    stops on the single-token ones itself)."""
+    return [text for text in stop_strings(request) if len(tokenizer.encode(text)) != 1]
+
+
+def _stop_token_ids(request: _SamplingFields, tokenizer: Tokenizer) -> list[int]:
+    stops = list(tokenizer.stop_token_ids) + list(request.stop_token_ids)
+    for text in stop_strings(request):
         ids = tokenizer.encode(text)
-        if len(ids) != 1:
-            raise RequestError(
-                f"stop[{i}]",
-                f"stop[{i}] = {text!r} is {len(ids)} tokens; only single-token stops are supported",
-            )
-        stops.append(ids[0])
+        if len(ids) == 1:
+            stops.append(ids[0])
     return sorted(set(stops))
+
+
+def first_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Where the earliest stop sequence in text[start:] begins; None when there is none."""
+    found = [at for at in (text.find(stop, start) for stop in stops) if at >= 0]
+    return min(found) if found else None
+
+
+def visible_text(tokenizer: Tokenizer, token_ids: Sequence[int], stops: Sequence[str]) -> tuple[str, bool]:
+    """A choice's text, ending before its first stop sequence, and whether one was found."""
+    text = tokenizer.decode(token_ids)
+    cut = first_stop(text, stops)
+    return (text, False) if cut is None else (text[:cut], True)
 
 
 def sampling_params(
@@ -180,22 +207,48 @@ def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt
 
 
 class TextStream:
-    """Incremental detokenization of one sample: the text each new batch of tokens adds.
-    Holds back a trailing U+FFFD, the mark of a multi-byte character not yet complete."""
+    """Incremental detokenization of one sample: the text each new batch of tokens adds, up
+    to the first stop sequence (then `stopped`). Holds back a trailing U+FFFD, the mark of a
+    multi-byte character not yet complete, and the tail that could still begin a stop
+    sequence; `finish` releases that tail once the sample has ended otherwise."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()):
         self.tokenizer = tokenizer
+        self.stops = list(stops)
         self.token_ids: list[int] = []
         self.emitted = ""
+        self.stopped = False
+        self._hold = max((len(stop) for stop in self.stops), default=1) - 1
+        self._searched = 0
 
     def push(self, token_ids: Sequence[int]) -> str:
+        if self.stopped:
+            return ""
         self.token_ids += token_ids
         text = self.tokenizer.decode(self.token_ids)
         if text.endswith("\ufffd"):
             return ""
-        piece = text[len(self.emitted) :]
-        self.emitted = text
-        return piece
+        cut = first_stop(text, self.stops, max(0, self._searched - self._hold))
+        if cut is not None:
+            self.stopped = True
+            end = cut
+        else:
+            self._searched = len(text)
+            end = len(text) - self._hold
+        return self._emit(text, end)
+
+    def finish(self) -> str:
+        """The held-back tail, once the sample has ended without a stop sequence."""
+        if self.stopped:
+            return ""
+        return self._emit(self.tokenizer.decode(self.token_ids), None)
+
+    def _emit(self, text: str, end: int | None) -> str:
+        start = len(self.emitted)
+        if end is not None and end <= start:
+            return ""
+        self.emitted = text[:end]
+        return self.emitted[start:]
 
 
 def new_id(prefix: str) -> str:
@@ -284,6 +337,7 @@ def completion_body(
     echoes: Sequence[Echo] | None = None,
 ) -> dict:
     """`echoes`: with `echo`, the prompt of each choice."""
+    stops = stop_strings(request)
     choices = []
     for index, completion in enumerate(completions):
         token_ids, logprobs, top = completion.token_ids, completion.logprobs, completion.top_logprobs
@@ -293,14 +347,17 @@ def completion_body(
             logprobs = [None, *echo.logprobs, *logprobs]
             if top is not None and echo.top is not None:
                 top = [None, *echo.top, *top]
+        text, stopped = visible_text(tokenizer, completion.token_ids, stops)
+        if echoes is not None:
+            text = tokenizer.decode(echoes[index].token_ids) + text
         choices.append(
             {
                 "index": index,
-                "text": tokenizer.decode(token_ids),
+                "text": text,
                 "logprobs": None
                 if request.logprobs is None
                 else completion_logprobs(tokenizer, token_ids, logprobs, top),
-                "finish_reason": completion.finish_reason,
+                "finish_reason": "stop" if stopped else completion.finish_reason,
             }
         )
     return {
@@ -320,6 +377,7 @@ def chat_body(
     prompt_tokens: int,
     completions: Sequence[Completion],
 ) -> dict:
+    stops = stop_strings(request)
     choices = []
     for index, completion in enumerate(completions):
         logprobs = None
@@ -327,12 +385,13 @@ def chat_body(
             logprobs = chat_logprobs(
                 tokenizer, completion.token_ids, completion.logprobs, completion.top_logprobs
             )
+        text, stopped = visible_text(tokenizer, completion.token_ids, stops)
         choices.append(
             {
                 "index": index,
-                "message": {"role": "assistant", "content": tokenizer.decode(completion.token_ids)},
+                "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs,
-                "finish_reason": completion.finish_reason,
+                "finish_reason": "stop" if stopped else completion.finish_reason,
             }
         )
     return {

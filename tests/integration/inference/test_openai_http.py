@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from rlrun.common.tokenizer import load_tokenizer
+from rlrun.inference import metrics
 from rlrun.v1 import inference_pb2
 
 from .conftest import REPO
@@ -262,3 +263,81 @@ async def test_a_client_that_leaves_before_its_answer_frees_the_engine(service, 
     # Still paused, so only leaving can have emptied the queue.
     status = await asyncio.wait_for(wait_for_status(service.stub, lambda s: s.waiting_requests == 0), 30)
     assert status.paused
+
+
+def tokens_through(tokens: list[str], chars: int) -> int:
+    """How many tokens it takes for the text to reach `chars` characters (special tokens,
+    such as a leading <pad>, show as no text)."""
+    seen = 0
+    for count, token in enumerate(tokens, 1):
+        seen += 0 if token.startswith("<") and token.endswith(">") else len(token)
+        if seen >= chars:
+            return count
+    raise AssertionError(f"{tokens} hold fewer than {chars} characters")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stop_sequence_ends_the_text_and_the_request(client, stream):
+    greedy = {"model": "reverse_text", "prompt": "abc", "temperature": 0.0}
+    plain = (await client.completions.create(max_tokens=12, logprobs=0, **greedy)).choices[0]
+    assert len(plain.text) >= 6, plain.text
+    for stop in (plain.text[3:5], plain.text[3]):  # several tokens (watched as text), one (the engine's)
+        cut = plain.text.find(stop)
+        usage = {"stream_options": {"include_usage": True}} if stream else {}
+        reply = await client.completions.create(max_tokens=20, stop=[stop], stream=stream, **usage, **greedy)
+        if stream:
+            pieces, reasons, used = [], [], None
+            async for chunk in reply:
+                used = chunk.usage or used
+                for choice in chunk.choices:
+                    pieces.append(choice.text)
+                    reasons.append(choice.finish_reason)
+            text, reason = "".join(pieces), reasons[-1]
+        else:
+            text, reason, used = reply.choices[0].text, reply.choices[0].finish_reason, reply.usage
+        assert (text, reason) == (plain.text[:cut], "stop")
+        # Generation ended with the token that completed the stop sequence, not at max_tokens.
+        assert used.completion_tokens == tokens_through(plain.logprobs.tokens, cut + len(stop))
+
+
+async def test_a_chat_stops_at_a_stop_sequence(client):
+    settings = {"model": "reverse_text", "messages": MESSAGES, "max_tokens": 12, "temperature": 1.0}
+    for seed in range(50):  # a sampled answer long enough to hold a stop sequence
+        plain = (await client.chat.completions.create(seed=seed, **settings)).choices[0].message.content
+        if len(plain) >= 4:
+            break
+    stop = plain[1:3]
+    for stream in (False, True):
+        reply = await client.chat.completions.create(seed=seed, stop=stop, stream=stream, **settings)
+        if stream:
+            chunks = [choice async for chunk in reply for choice in chunk.choices]
+            text = "".join(choice.delta.content or "" for choice in chunks)
+            reason = chunks[-1].finish_reason
+        else:
+            text, reason = reply.choices[0].message.content, reply.choices[0].finish_reason
+        assert (text, reason) == (plain[: plain.find(stop)], "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_whose_choices_all_stopped_leaves_the_engine(start_service, stream):
+    # A rotary-position model with room for long answers: its greedy answer to "ab" runs 110
+    # tokens, so a request still running when its text stops can only have been cancelled.
+    service = await start_service(
+        "model.max_model_len=1000",
+        f'model.config="{REPO / "configs/models/tiny-d64.json"}"',
+        f'model.tokenizer="{REPO / "configs/tokenizer/char.json"}"',
+    )
+    async with openai.AsyncOpenAI(
+        base_url=f"{service.http_url}/v1", api_key="unused", max_retries=0
+    ) as client:
+        greedy = {"model": "m", "prompt": "ab", "temperature": 0.0}
+        plain = (await client.completions.create(max_tokens=12, **greedy)).choices[0].text
+        aborted = metrics.COMPLETIONS.labels("abort")._value.get()
+        reply = await client.completions.create(max_tokens=900, stop=plain[4:7], stream=stream, **greedy)
+        if stream:
+            text = "".join([choice.text async for chunk in reply for choice in chunk.choices])
+        else:
+            text = reply.choices[0].text
+    assert text == plain[: plain.find(plain[4:7])]
+    await asyncio.wait_for(wait_for_status(service.stub, lambda s: s.running_requests == 0), 30)
+    assert metrics.COMPLETIONS.labels("abort")._value.get() == aborted + 1

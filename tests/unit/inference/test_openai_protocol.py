@@ -15,7 +15,9 @@ from rlrun.inference.openai_protocol import (
     chat_prompts,
     completion_body,
     completion_prompts,
+    long_stop_strings,
     sampling_params,
+    visible_text,
 )
 
 from .conftest import REPO
@@ -48,10 +50,43 @@ def test_stop_strings_become_stop_token_ids_with_the_end_token(tokenizer):
     assert params.max_tokens == 29
 
 
-def test_a_multi_token_stop_string_is_refused(tokenizer):
+def test_stop_sequences_of_several_tokens_are_left_to_the_text(tokenizer):
+    request = CompletionRequest(prompt="abc", stop=["xy", "z"])
+    assert long_stop_strings(request, tokenizer) == ["xy"]
+    assert sampling_params(request, tokenizer, 3, 32, 4).stop_token_ids == sorted(
+        {tokenizer.eos_token_id, *tokenizer.encode("z")}
+    )
     with pytest.raises(RequestError) as caught:
-        sampling_params(CompletionRequest(prompt="abc", stop="xy"), tokenizer, 3, 32, 4)
-    assert caught.value.field == "stop[0]"
+        sampling_params(CompletionRequest(prompt="abc", stop=["x", ""]), tokenizer, 3, 32, 4)
+    assert caught.value.field == "stop[1]"
+
+
+def test_the_text_ends_before_the_first_stop_sequence(tokenizer):
+    assert visible_text(tokenizer, tokenizer.encode("hello world"), ["o", "lo w"]) == ("hel", True)
+    assert visible_text(tokenizer, tokenizer.encode("hello"), ["xyz"]) == ("hello", False)
+
+
+def test_a_text_stream_holds_back_what_could_begin_a_stop_sequence(tokenizer):
+    stream = TextStream(tokenizer, ["abc"])
+    pieces = [stream.push(tokenizer.encode(part)) for part in ["xya", "b", "xab"]]
+    assert pieces == ["x", "y", "abx"] and not stream.stopped  # the last 2 might begin "abc"
+    assert stream.push(tokenizer.encode("cq")) == "" and stream.stopped
+    assert stream.emitted == "xyabx" and stream.push(tokenizer.encode("z")) == ""
+    ending = TextStream(tokenizer, ["abc"])
+    assert ending.push(tokenizer.encode("qab")) == "q"
+    assert ending.finish() == "ab"  # the sample ended otherwise: the tail is text after all
+
+
+def test_a_body_cuts_each_choice_at_its_stop_sequence(tokenizer):
+    tokens = tokenizer.encode("yes. no")
+    completion = Completion(tokens, [-0.1] * len(tokens), "length", 0, 0)
+    body = completion_body(CompletionRequest(prompt="q", stop=". "), tokenizer, "m", 1, [completion])
+    assert body["choices"][0]["text"] == "yes" and body["choices"][0]["finish_reason"] == "stop"
+    chat = chat_body(
+        ChatCompletionRequest(messages=[{"role": "user"}], stop="zz"), tokenizer, "m", 1, [completion]
+    )
+    assert chat["choices"][0]["message"]["content"] == "yes. no"
+    assert chat["choices"][0]["finish_reason"] == "length"
 
 
 def test_echo_does_not_stream(tokenizer):
