@@ -57,6 +57,8 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     assert service["http_completion_tokens"] == sum(tokens for _, tokens in service["http_choices"]) > 0
     text, echo_logprobs = service["http_echo"]
     assert text == "abcd" and echo_logprobs[0] is None and len(echo_logprobs) == 4
+    plain, stop, stopped_text, reason = service["http_stop"]
+    assert len(stop) == 2 and (stopped_text, reason) == (plain[: plain.find(stop)], "stop")
     assert service["exit_code"] == 0
 
 

@@ -175,7 +175,8 @@ async def service_check(output_dir: Path) -> dict:
     """`rlrun serve inference` with the vLLM engine (GPT-2), as a pod runs it: held
     NOT_SERVING until version 1 arrives over the chunked UpdateWeights stream, then gRPC
     Generate under the new weights, GetStatus, an HTTP completion of a batch of two prompts,
-    an echoed prompt's logprobs over HTTP (a harness's loglikelihood request), and SIGTERM."""
+    an echoed prompt's logprobs over HTTP (a harness's loglikelihood request), a stop
+    sequence of several tokens over HTTP, and SIGTERM."""
     overrides = family_overrides(output_dir, "gpt2")
     config = load_config(CONFIG, overrides)
     http_port = free_port()
@@ -214,6 +215,15 @@ async def service_check(output_dir: Path) -> dict:
         http = await asyncio.to_thread(http_completion, http_port, batch)
         loglikelihood = {"prompt": "abcd", "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0}
         echo = await asyncio.to_thread(http_completion, http_port, loglikelihood)
+        for seed in range(50):  # a seeded sample long enough to hold a stop sequence
+            sampled = {"prompt": "abcd", "max_tokens": 10, "temperature": 1.0, "seed": seed}
+            plain = (await asyncio.to_thread(http_completion, http_port, sampled))["choices"][0]["text"]
+            if len(plain) >= 4:
+                break
+        stop = plain[2:4]  # of several tokens: watched as text, then the request is cancelled
+        stopped = await asyncio.to_thread(
+            http_completion, http_port, {**sampled, "max_tokens": 40, "stop": stop}
+        )
     finally:
         exit_code = await stop_service(process, timeout_s=120)
     serving = health_pb2.HealthCheckResponse.ServingStatus.Name
@@ -228,6 +238,7 @@ async def service_check(output_dir: Path) -> dict:
         "http_completion_tokens": http["usage"]["completion_tokens"],
         "http_choices": [(c["index"], len(c["logprobs"]["token_logprobs"])) for c in http["choices"]],
         "http_echo": [echo["choices"][0]["text"], echo["choices"][0]["logprobs"]["token_logprobs"]],
+        "http_stop": [plain, stop, stopped["choices"][0]["text"], stopped["choices"][0]["finish_reason"]],
         "exit_code": exit_code,
     }
 
