@@ -392,12 +392,17 @@ class TorchEngineCore:
             settings = RowSettings(
                 params.temperature, params.top_k, params.top_p, generator, params.top_logprobs
             )
-            sample = _Sample(
-                request, index, slot, settings, frozenset(params.stop_token_ids), params.max_tokens
+            samples.append(
+                _Sample(
+                    request,
+                    index,
+                    slot,
+                    settings,
+                    frozenset(params.stop_token_ids),
+                    params.max_tokens,
+                    top=[] if params.top_logprobs else None,
+                )
             )
-            if params.top_logprobs:
-                sample.top = []
-            samples.append(sample)
         return samples
 
     def _fan_out_prefixes(self, admissions: list[Admission[_Request]]) -> None:
@@ -465,8 +470,7 @@ class TorchEngineCore:
         values, token_ids = values.tolist(), token_ids.tolist()
         for row, sample in enumerate(self._running):
             if sample.top is not None:
-                count = sample.settings.top_logprobs
-                sample.top.append(list(zip(token_ids[row][:count], values[row][:count], strict=True)))
+                sample.top.append(_top_entries(values[row], token_ids[row], sample.settings.top_logprobs))
 
     def _finish(self, sample: _Sample, reason: FinishReason, version: int, now: float) -> None:
         self._scheduler.release(sample.slot)
@@ -582,11 +586,15 @@ class TorchEngineCore:
             rows = range(cursor, cursor + count)
             top = None
             if job.top_logprobs:
-                k = job.top_logprobs
-                top = [list(zip(top_ids[r][:k], top_values[r][:k], strict=True)) for r in rows]
+                top = [_top_entries(top_values[r], top_ids[r], job.top_logprobs) for r in rows]
             result = ScoreResult(logprobs[cursor : cursor + count], self.version, top)
             self._events.append((DONE, job.rid, result))
             cursor += count
+
+
+def _top_entries(values: list[float], token_ids: list[int], count: int) -> TopLogprobs:
+    """One position's `count` most likely tokens, from the batch's top-k (k >= count)."""
+    return list(zip(token_ids[:count], values[:count], strict=True))
 
 
 class ChannelClosed(Exception):

@@ -26,18 +26,19 @@ def vllm_python() -> str:
     return python
 
 
+def last_json_line(vllm_python: str, *args: str) -> dict:
+    """Runs `vllm_python args...` with the CPU backend's settings; the JSON of its last line."""
+    result = subprocess.run(
+        [vllm_python, *args], capture_output=True, text=True, timeout=900, env={**os.environ, **ENV}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python):
     """Both model families through the engine, then the whole service as a pod runs it."""
-    result = subprocess.run(
-        [vllm_python, str(CHECK), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, **ENV},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    reports = last_json_line(vllm_python, str(CHECK), str(tmp_path))
     service = reports.pop("service")
     assert set(reports) == {"qwen3", "gpt2"}
     for report in reports.values():
@@ -80,16 +81,11 @@ def test_rlrun_local_learns_with_the_vllm_engine(tmp_path, vllm_python):
         "inference.vllm.gpu_memory_utilization=0.3",
         "inference.max_batch_size=128",
     ]
-    result = subprocess.run(
-        [vllm_python, "-m", "rlrun.cli", "local", str(REPO / "configs/reverse_text.toml")]
-        + ["--output-dir", str(tmp_path / "run"), "--max-steps", "12", "--no-progress"]
-        + [arg for item in overrides for arg in ("--set", item)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, **ENV},
+    summary = last_json_line(
+        vllm_python,
+        *["-m", "rlrun.cli", "local", str(REPO / "configs/reverse_text.toml")],
+        *["--output-dir", str(tmp_path / "run"), "--max-steps", "12", "--no-progress"],
+        *[arg for item in overrides for arg in ("--set", item)],
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["phase"] == "succeeded" and summary["steps"] == 12
     assert summary["eval_reward_end"] > summary["eval_reward_start"], summary
