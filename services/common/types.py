@@ -58,7 +58,10 @@ class SamplingParams:
         vocab_size: int | None = None,
         max_model_len: int | None = None,
         prompt_len: int | None = None,
+        max_samples: int | None = None,
     ) -> None:
+        """`max_samples`: the most samples one request may ask for (an engine whose queue
+        holds at most that many could never take more, so retrying would not help)."""
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise WireError(
                 f"{where}.temperature",
@@ -74,6 +77,12 @@ class SamplingParams:
             )
         if self.n < 1:
             raise WireError(f"{where}.n", f"{where}.n must be >= 1, got {self.n}")
+        if max_samples is not None and self.n > max_samples:
+            raise WireError(
+                f"{where}.n",
+                f"{where}.n = {self.n} is more samples than this server can ever queue ({max_samples}, "
+                "inference.max_waiting)",
+            )
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise WireError(
                 f"{where}.top_logprobs",

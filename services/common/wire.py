@@ -81,6 +81,7 @@ def sampling_from_proto(
     vocab_size: int | None = None,
     max_model_len: int | None = None,
     prompt_len: int | None = None,
+    max_samples: int | None = None,
 ) -> SamplingParams:
     params = SamplingParams(
         temperature=msg.temperature,
@@ -91,7 +92,13 @@ def sampling_from_proto(
         seed=msg.seed if msg.HasField("seed") else None,
         n=msg.n or 1,
     )
-    params.validate(where, vocab_size=vocab_size, max_model_len=max_model_len, prompt_len=prompt_len)
+    params.validate(
+        where,
+        vocab_size=vocab_size,
+        max_model_len=max_model_len,
+        prompt_len=prompt_len,
+        max_samples=max_samples,
+    )
     return params
 
 

@@ -149,6 +149,7 @@ def build_openai_app(
                 params,
                 vocab_size=engine.vocab_size,
                 max_model_len=engine.max_model_len,
+                max_samples=engine.max_samples,
                 prompt_field=field,
                 sampling_field=_BODY,
             )

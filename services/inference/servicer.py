@@ -55,6 +55,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             vocab_size=self.engine.vocab_size,
             max_model_len=self.engine.max_model_len,
             prompt_len=len(prompt),
+            max_samples=self.engine.max_samples,
         )
         try:
             completions = await self.engine.generate(prompt, params, request.request_id)

@@ -32,13 +32,19 @@ def check_generate(
     *,
     vocab_size: int,
     max_model_len: int,
+    max_samples: int | None = None,
     prompt_field: str = "prompt_token_ids",
     sampling_field: str = "sampling",
 ) -> None:
-    """A prompt that leaves room for at least one token, and sampling settings that fit the context."""
+    """A prompt that leaves room for at least one token, and sampling settings that fit the
+    context and the engine's queue (`Engine.max_samples`)."""
     check_token_ids(prompt, prompt_field, vocab_size, max_model_len - 1)
     params.validate(
-        sampling_field, vocab_size=vocab_size, max_model_len=max_model_len, prompt_len=len(prompt)
+        sampling_field,
+        vocab_size=vocab_size,
+        max_model_len=max_model_len,
+        prompt_len=len(prompt),
+        max_samples=max_samples,
     )
 
 

@@ -83,6 +83,10 @@ class Engine(ABC):
     model_name: str
     vocab_size: int
     max_model_len: int
+    max_samples: int | None = None
+    """The most samples (`n`) one request may ask for: what the engine's waiting queue can
+    ever hold (`inference.max_waiting`); None: no such bound. A request for more is refused
+    as bad input, not as a full queue, since no retry could succeed."""
     on_dead: Callable[[Exception], None] | None = None
     """Called once if the engine dies without being asked to stop (its thread or process is
     gone); the service then stops, so that the replica is restarted."""

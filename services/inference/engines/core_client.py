@@ -73,10 +73,11 @@ def check_update(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 class CoreClient(Engine):
     name = "torch"
 
-    def __init__(self, *, model_name: str, vocab_size: int, max_model_len: int):
+    def __init__(self, *, model_name: str, vocab_size: int, max_model_len: int, max_waiting: int):
         self.model_name = model_name
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.max_samples = max_waiting
         self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
         self._rids = itertools.count()
         self._version = 0

@@ -64,7 +64,10 @@ class TorchEngine(CoreClient):
         seed: int | None = None,
     ):
         super().__init__(
-            model_name=model_name, vocab_size=model.config.vocab_size, max_model_len=max_model_len
+            model_name=model_name,
+            vocab_size=model.config.vocab_size,
+            max_model_len=max_model_len,
+            max_waiting=max_waiting,
         )
         self.core = TorchEngineCore(
             model,

@@ -252,7 +252,12 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
 
 class TorchEngineProcess(CoreClient):
     def __init__(self, config: RunConfig):
-        super().__init__(model_name=config.name, vocab_size=0, max_model_len=config.model.max_model_len)
+        super().__init__(
+            model_name=config.name,
+            vocab_size=0,
+            max_model_len=config.model.max_model_len,
+            max_waiting=config.inference.max_waiting,
+        )
         self.config = config
         self._process: multiprocessing.process.BaseProcess | None = None
         self._writer: asyncio.StreamWriter | None = None

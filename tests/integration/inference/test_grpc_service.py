@@ -61,6 +61,8 @@ async def test_generate_returns_n_completions_with_logprobs_and_versions(service
             "sampling.max_tokens",
         ),
         (generate([4, 5], sampling_pb2.SamplingParams(temperature=1.0, max_tokens=0)), "sampling.max_tokens"),
+        # More samples than inference.max_waiting (4096): no retry could ever be queued.
+        (generate([4, 5], sampling_pb2.SamplingParams(temperature=1.0, max_tokens=2, n=5000)), "sampling.n"),
     ],
 )
 async def test_bad_generate_input_is_invalid_argument_naming_the_field(service, request_, field):

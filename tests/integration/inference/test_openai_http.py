@@ -76,6 +76,10 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model="reverse_text", messages=[])
     assert caught.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as caught:  # not a 429: it could never be queued
+        await client.completions.create(model="reverse_text", prompt="abc", max_tokens=2, n=5000)
+    assert caught.value.body["param"] == "n"
+    assert "inference.max_waiting" in caught.value.body["message"]
 
 
 async def test_health(service):
