@@ -55,6 +55,27 @@ def _bad_request(error: RequestError) -> JSONResponse:
     return JSONResponse(error_body(message, param), status_code=400)
 
 
+def _validation_message(error: dict, content_type: str) -> tuple[str, str | None]:
+    """A validation error's message and the param it names, spelled as OpenAI does
+    (`messages[0].role`); a body that is no JSON object is named as such."""
+    loc = list(error.get("loc", ()))
+    if loc[:1] == [_BODY]:
+        loc = loc[1:]
+    kind = error.get("type")
+    if kind == "json_invalid":
+        return f"the request body is not valid JSON: {error.get('ctx', {}).get('error', 'unreadable')}", None
+    if not loc and kind in ("missing", "model_attributes_type", "dict_type"):
+        if "json" not in content_type:  # FastAPI reads no other body as JSON
+            return (
+                f"the request body must be JSON, sent as Content-Type: application/json (got {content_type!r})",
+                None,
+            )
+        return "the request body must be a JSON object", None
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).removeprefix(".") or None
+    message = str(error.get("msg"))
+    return (f"{param}: {message}" if param else message), param
+
+
 def _queue_full(error: QueueFullError) -> JSONResponse:
     return JSONResponse(error_body(str(error), None, "rate_limit_error"), status_code=429)
 
@@ -102,11 +123,8 @@ def build_openai_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != _BODY) or None
-        return JSONResponse(
-            error_body(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param),
-            status_code=400,
-        )
+        message, param = _validation_message(first, request.headers.get("content-type", ""))
+        return JSONResponse(error_body(message, param), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
@@ -141,6 +159,7 @@ def build_openai_app(
 
     def checked(body, build_prompts, max_tokens: int | None) -> list[tuple[list[int], SamplingParams]]:
         """Each prompt of the request with its sampling settings, checked against the model."""
+        body.check_fields()
         requests = []
         for field, prompt in build_prompts(body, tokenizer):
             params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)

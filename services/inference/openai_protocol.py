@@ -16,18 +16,23 @@ logprobs run up to the token that completed it. The engine stops on single-token
 itself; longer ones are found in the text as it streams, and the request is cancelled once
 every choice has stopped.
 
-Differences from OpenAI, each answered with a 400 naming the field rather than ignored:
-`echo` does not stream. `top_k` and `stop_token_ids` are accepted as vLLM-style extensions.
-The `model` field is accepted and ignored: one model is served.
+Every field of a request is honoured or refused with a 400 naming it, never silently
+dropped (`check_fields`): OpenAI's fields this server does not implement (penalties,
+`logit_bias`, `best_of`, `suffix`, tools, `response_format`, ...) are accepted only at the
+value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
+accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does. Also
+answered with a 400: `echo` with `stream`. `top_k` and `stop_token_ids` are accepted as
+vLLM-style extensions. The `model` field is accepted and ignored: one model is served.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -43,8 +48,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+LABELS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+"""OpenAI request fields that label a request without changing its output: ignored."""
+
+_PENALTIES_AND_BIAS = {
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+}
+
+
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Extra fields are kept, so that `check_fields` can name each one it refuses.
+    model_config = ConfigDict(extra="allow")
+
+    unsupported: ClassVar[dict[str, tuple[Any, ...]]]
+    """OpenAI fields this server does not implement, each with the values that change
+    nothing (accepted as if the field were absent)."""
 
     model: str | None = None
     max_tokens: int | None = None
@@ -58,11 +78,32 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
+    def check_fields(self) -> None:
+        """Refuses, naming it, each field that would be ignored while changing the answer."""
+        for name, value in (self.model_extra or {}).items():
+            if name in LABELS:
+                continue
+            if name not in self.unsupported:
+                raise RequestError(name, f"unrecognized request argument: {name}")
+            if not self._changes_nothing(name, value):
+                neutral = " or ".join(json.dumps(v) for v in self.unsupported[name] if v is not None)
+                absent = f"leave it out or send {neutral}" if neutral else "leave it out"
+                raise RequestError(name, f"{name} is not supported by this server; {absent}")
+
+    def _changes_nothing(self, name: str, value: Any) -> bool:
+        return value is None or value in self.unsupported[name]
+
 
 class CompletionRequest(_SamplingFields):
+    unsupported = {**_PENALTIES_AND_BIAS, "suffix": (None, ""), "best_of": (None, 1)}
+
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
+
+    def _changes_nothing(self, name: str, value: Any) -> bool:
+        # best_of = n picks the n best of n samples: all of them.
+        return (name == "best_of" and value == self.n) or super()._changes_nothing(name, value)
 
     def top_logprobs_count(self) -> int:
         """How many alternatives each position reports: `logprobs` (0 or unset: none)."""
@@ -84,19 +125,46 @@ class CompletionRequest(_SamplingFields):
             ) from error
 
 
-class TextPart(BaseModel):
+class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[dict] | None = None
+    function_call: dict | None = None
+
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _content_shape(cls, value, parse):
+        try:
+            return parse(value)
+        except ValidationError as error:
+            raise PydanticCustomError(
+                "content_shape", "content must be a string or a list of content parts"
+            ) from error
 
 
 class ChatCompletionRequest(_SamplingFields):
+    unsupported = {
+        **_PENALTIES_AND_BIAS,
+        "tools": (None, []),
+        "tool_choice": (None, "none"),
+        "parallel_tool_calls": (None, True, False),
+        "functions": (None, []),
+        "function_call": (None, "none"),
+        "response_format": (None, {"type": "text"}),
+        "modalities": (None, ["text"]),
+        "audio": (None,),
+        "prediction": (None,),
+        "reasoning_effort": (None,),
+        "web_search_options": (None,),
+    }
+
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -195,15 +263,28 @@ def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prom
 def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:
     """The conversation rendered by the tokenizer's chat template: always one prompt."""
     messages = []
-    for message in request.messages:
+    for i, message in enumerate(request.messages):
+        if message.tool_calls or message.function_call:
+            field = "tool_calls" if message.tool_calls else "function_call"
+            raise RequestError(f"messages[{i}].{field}", "tool calls are not supported by this server")
         content = message.content or ""
         if not isinstance(content, str):
-            content = "".join(part.text for part in content)
+            content = "".join(
+                _text_part(part, f"messages[{i}].content[{j}]") for j, part in enumerate(content)
+            )
         messages.append(ChatMessage("system" if message.role == "developer" else message.role, content))
     try:
         return [("messages", render_chat(tokenizer, messages, add_generation_prompt=True))]
     except ValueError as error:
         raise RequestError("messages", str(error)) from error
+
+
+def _text_part(part: ContentPart, where: str) -> str:
+    if part.type != "text":
+        raise RequestError(f"{where}.type", f"only text content parts are supported, got {part.type!r}")
+    if part.text is None:
+        raise RequestError(f"{where}.text", "a text content part needs its text")
+    return part.text
 
 
 class TextStream:

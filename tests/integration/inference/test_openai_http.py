@@ -82,6 +82,47 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
     assert "inference.max_waiting" in caught.value.body["message"]
 
 
+async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(
+            model="reverse_text", prompt="abc", max_tokens=2, presence_penalty=1.0
+        )
+    assert caught.value.body["param"] == "presence_penalty"
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
+            model="reverse_text", messages=MESSAGES, max_tokens=2, tools=tools
+        )
+    assert caught.value.body["param"] == "tools"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(
+            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"repetition_penalty": 1.2}
+        )
+    assert caught.value.body["param"] == "repetition_penalty"
+    # The values that change nothing are served.
+    reply = await client.completions.create(
+        model="reverse_text", prompt="abc", max_tokens=2, presence_penalty=0.0, logit_bias={}, user="bob"
+    )
+    assert reply.usage.completion_tokens >= 1
+
+
+async def test_a_body_that_is_no_json_object_gets_an_openai_error(service):
+    url = f"{service.http_url}/v1/completions"
+    async with httpx.AsyncClient() as http:
+        not_json = await http.post(url, content=b"{prompt", headers={"content-type": "application/json"})
+        a_list = await http.post(url, json=["abc"])
+        no_type = await http.post(url, content=b'{"prompt": "abc"}')
+        a_part = await http.post(
+            f"{service.http_url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+        )
+    assert [r.status_code for r in (not_json, a_list, no_type, a_part)] == [400] * 4
+    assert not_json.json()["error"]["message"].startswith("the request body is not valid JSON")
+    assert a_list.json()["error"]["message"] == "the request body must be a JSON object"
+    assert "Content-Type: application/json" in no_type.json()["error"]["message"]
+    assert a_part.json()["error"]["param"] == "messages[0].content[0].type"
+
+
 async def test_health(service):
     async with httpx.AsyncClient() as http:
         reply = await http.get(f"{service.http_url}/health")

@@ -208,3 +208,73 @@ def test_chat_body_carries_text_logprobs_and_usage(tokenizer):
     assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.1, -0.2, -0.3]
     assert choice["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 2, "n": 2},
+        {"suffix": "", "logit_bias": None, "user": "bob", "metadata": {"run": "7"}},
+    ],
+)
+def test_unimplemented_fields_that_change_nothing_are_accepted(fields):
+    CompletionRequest(prompt="abc", **fields).check_fields()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"logit_bias": {"5": 100}}, "logit_bias"),
+        ({"best_of": 3}, "best_of"),
+        ({"suffix": "!"}, "suffix"),
+        ({"min_tokens": 4}, "min_tokens"),
+    ],
+)
+def test_a_completion_field_that_would_be_ignored_is_refused_by_name(fields, param):
+    with pytest.raises(RequestError) as caught:
+        CompletionRequest(prompt="abc", **fields).check_fields()
+    assert caught.value.field == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"logit_bias": {"3": -100}}, "logit_bias"),
+    ],
+)
+def test_a_chat_field_that_would_be_ignored_is_refused_by_name(fields, param):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
+    with pytest.raises(RequestError) as caught:
+        request.check_fields()
+    assert caught.value.field == param
+    ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[],
+        tool_choice="none",
+        parallel_tool_calls=True,
+        response_format={"type": "text"},
+    ).check_fields()
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        (
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+            "messages[1].content[0].type",
+        ),
+        ({"role": "user", "content": [{"type": "text"}]}, "messages[1].content[0].text"),
+        ({"role": "assistant", "tool_calls": [{"id": "1", "type": "function"}]}, "messages[1].tool_calls"),
+    ],
+)
+def test_chat_content_that_cannot_be_rendered_is_refused_by_name(tokenizer, message, param):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}, message])
+    with pytest.raises(RequestError) as caught:
+        chat_prompts(request, tokenizer)
+    assert caught.value.field == param
