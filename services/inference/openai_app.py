@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +23,7 @@ from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
 from rlrun.common.types import SamplingParams
 from rlrun.inference.batch_calls import primed_streams
-from rlrun.inference.engines.base import Completion, Engine, QueueFullError, ScoreResult, StreamDelta
+from rlrun.inference.engines.base import Completion, Engine, QueueFullError, StreamDelta
 from rlrun.inference.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -41,6 +41,7 @@ from rlrun.inference.openai_protocol import (
     now,
     sampling_params,
     stop_strings,
+    token_chars,
     usage,
 )
 from rlrun.inference.validation import check_generate
@@ -206,21 +207,50 @@ def build_openai_app(
         completions = [completion for result in results for completion in result]
         return full_body(body, tokenizer, model_id, prompt_tokens, completions)
 
-    async def echoed(prompt: list[int], params: SamplingParams, generate) -> tuple[Echo, list[Completion]]:
-        """A prompt's own logprobs (temperature 1, as OpenAI's echo) and, with a `generate`
-        (max_tokens above 0), its completions."""
-        top = params.top_logprobs
-        calls = [engine.score(prompt, 1, 1.0, top)] if len(prompt) > 1 else []
-        if generate is not None:
-            calls.append(generate(prompt, params))
-        results = await all_or_nothing(calls)
-        score = results[0] if len(prompt) > 1 else ScoreResult([], engine.policy_version, [] if top else None)
-        if generate is not None:
-            completions = results[-1]
-        else:
-            version = score.policy_version
-            completions = [Completion([], [], "length", version, version, [] if top else None)] * params.n
-        return Echo(prompt, score.logprobs, score.top_logprobs), completions
+    async def prompt_echo(prompt: list[int], top: int) -> Echo:
+        """A prompt's own logprobs (temperature 1, as OpenAI's echo)."""
+        if len(prompt) == 1:
+            return Echo(prompt, [], [] if top else None)
+        score = await engine.score(prompt, 1, 1.0, top)
+        return Echo(prompt, score.logprobs, score.top_logprobs)
+
+    async def echoed(body: CompletionRequest, requests, max_tokens: int):
+        """`echo`: each prompt before its completions, whole or streamed; max_tokens 0
+        generates nothing."""
+        scoring = [prompt_echo(prompt, params.top_logprobs) for prompt, params in requests]
+        prompt_tokens = sum(len(prompt) for prompt, _ in requests)
+        if body.stream:
+            # The prompts are scored before the streams open, so that nothing streams yet
+            # when a prompt cannot be scored.
+            echoes = await all_or_nothing(scoring)
+            first, rest = await primed_streams(engine, requests) if max_tokens else (None, _no_deltas())
+            choices = [echo for echo in echoes for _ in range(body.n)]
+            return _sse(
+                _stream_chunks(
+                    _COMPLETION_STREAM,
+                    tokenizer,
+                    model_id,
+                    body,
+                    len(choices),
+                    prompt_tokens,
+                    first,
+                    rest,
+                    choices,
+                )
+            )
+        generate = generator(body)
+        generations = [generate(prompt, params) for prompt, params in requests] if max_tokens else []
+        results = await all_or_nothing([*scoring, *generations])
+        echoes, generated = results[: len(requests)], results[len(requests) :]
+        if not max_tokens:
+            version = engine.policy_version
+            generated = [
+                [Completion([], [], "length", version, version, [] if params.top_logprobs else None)] * body.n
+                for _, params in requests
+            ]
+        choices = [echo for echo in echoes for _ in range(body.n)]
+        completions = [completion for result in generated for completion in result]
+        return completion_body(body, tokenizer, model_id, prompt_tokens, completions, choices)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -243,26 +273,27 @@ def build_openai_app(
         except RequestError as error:
             return _bad_request(error)
         try:
-            generate = generator(body) if max_tokens > 0 else None
-            results = await all_or_nothing([echoed(prompt, params, generate) for prompt, params in requests])
+            return await echoed(body, requests, max_tokens)
         except QueueFullError as error:
             return _queue_full(error)
-        echoes = [echo for echo, result in results for _ in result]
-        completions = [completion for _, result in results for completion in result]
-        prompt_tokens = sum(len(prompt) for prompt, _ in requests)
-        return completion_body(body, tokenizer, model_id, prompt_tokens, completions, echoes)
 
     return app
 
 
-def _completion_choice(tokenizer: Tokenizer, body: CompletionRequest, delta: StreamDelta, text: str) -> dict:
+def _completion_choice(
+    tokenizer: Tokenizer, body: CompletionRequest, delta: StreamDelta, text: str, text_offset: int
+) -> dict:
     logprobs = None
     if body.logprobs is not None:
-        logprobs = completion_logprobs(tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs)
+        logprobs = completion_logprobs(
+            tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs, text_offset
+        )
     return {"index": delta.index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
 
 
-def _chat_choice(tokenizer: Tokenizer, body: ChatCompletionRequest, delta: StreamDelta, text: str) -> dict:
+def _chat_choice(
+    tokenizer: Tokenizer, body: ChatCompletionRequest, delta: StreamDelta, text: str, text_offset: int
+) -> dict:
     logprobs = None
     if body.logprobs:
         logprobs = chat_logprobs(tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs)
@@ -280,14 +311,26 @@ class _StreamFormat:
 
     object: str
     id_prefix: str
-    choice: Callable[[Tokenizer, Any, StreamDelta, str], dict]
-    """A delta and the text it adds -> its entry in a chunk's `choices`."""
+    choice: Callable[[Tokenizer, Any, StreamDelta, str, int], dict]
+    """A delta, the text it adds and the characters of its choice's tokens before it (for
+    `text_offset`) -> its entry in a chunk's `choices`."""
     opens_with_role: bool
     """Chat streams first announce each choice's role."""
+    text_offsets: bool
+    """Completion logprobs place each token in its choice's text (`text_offset`)."""
 
 
-_COMPLETION_STREAM = _StreamFormat("text_completion", "cmpl", _completion_choice, opens_with_role=False)
-_CHAT_STREAM = _StreamFormat("chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True)
+_COMPLETION_STREAM = _StreamFormat(
+    "text_completion", "cmpl", _completion_choice, opens_with_role=False, text_offsets=True
+)
+_CHAT_STREAM = _StreamFormat(
+    "chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True, text_offsets=False
+)
+
+
+async def _no_deltas() -> AsyncIterator[list[StreamDelta]]:
+    return
+    yield
 
 
 async def _until_stopped(
@@ -334,11 +377,15 @@ async def _stream_chunks(
     body: CompletionRequest | ChatCompletionRequest,
     choices: int,
     prompt_tokens: int,
-    first: list[StreamDelta],
+    first: list[StreamDelta] | None,
     rest: AsyncIterator[list[StreamDelta]],
+    echoes: Sequence[Echo] | None = None,
 ) -> AsyncIterator[dict]:
+    """`first`: the first deltas (None: nothing is generated); `echoes`: with `echo`, each
+    choice's prompt, sent as its first chunk."""
     texts = [TextStream(tokenizer, stop_strings(body)) for _ in range(choices)]
     ended = [False] * choices
+    offsets = [0] * choices
     ident, created = new_id(form.id_prefix), now()
 
     def chunk(entries: list[dict], **extra) -> dict:
@@ -356,6 +403,23 @@ async def _stream_chunks(
         yield chunk(
             [{"index": i, "delta": role, "logprobs": None, "finish_reason": None} for i in range(choices)]
         )
+
+    def entry(delta: StreamDelta, piece: str) -> dict:
+        offset = offsets[delta.index]
+        if form.text_offsets and body.logprobs is not None:
+            offsets[delta.index] += token_chars(tokenizer, delta.token_ids)
+        return form.choice(tokenizer, body, delta, piece, offset)
+
+    for index, echo in enumerate(echoes or ()):
+        ended[index] = first is None
+        prompt = StreamDelta(
+            index,
+            echo.token_ids,
+            [None, *echo.logprobs],
+            "length" if first is None else None,
+            None if echo.top is None else [None, *echo.top],
+        )
+        yield chunk([entry(prompt, tokenizer.decode(echo.token_ids))])
     generated = 0
     batch = first
     try:
@@ -370,7 +434,7 @@ async def _stream_chunks(
                 if reason is not None:
                     piece += text.finish()
                     ended[delta.index] = True
-                yield chunk([form.choice(tokenizer, body, replace(delta, finish_reason=reason), piece)])
+                yield chunk([entry(replace(delta, finish_reason=reason), piece)])
             if all(ended):
                 break
             batch = await anext(rest, None)

@@ -9,7 +9,8 @@ MAX_TOP_LOGPROBS alternatives per position.
 
 `echo` repeats each prompt before its completion, with the prompt tokens' logprobs under the
 model's own distribution (temperature 1; the first token has none), as OpenAI and vLLM do;
-with `max_tokens` 0 nothing is generated. This is how harnesses score loglikelihoods.
+with `max_tokens` 0 nothing is generated. This is how harnesses score loglikelihoods. A
+stream sends each choice's prompt as its first chunk.
 
 A choice's text ends before its first `stop` sequence (finish_reason "stop"); its tokens and
 logprobs run up to the token that completed it. The engine stops on single-token sequences
@@ -20,9 +21,8 @@ Every field of a request is honoured or refused with a 400 naming it, never sile
 dropped (`check_fields`): OpenAI's fields this server does not implement (penalties,
 `logit_bias`, `best_of`, `suffix`, tools, `response_format`, ...) are accepted only at the
 value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
-accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does. Also
-answered with a 400: `echo` with `stream`. `top_k` and `stop_token_ids` are accepted as
-vLLM-style extensions. The `model` field is accepted and ignored: one model is served.
+accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
+`top_k` and `stop_token_ids` are accepted as vLLM-style extensions. The `model` field is accepted and ignored: one model is served.
 """
 
 from __future__ import annotations
@@ -247,8 +247,6 @@ Prompts = list[tuple[str, list[int]]]
 
 
 def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prompts:
-    if request.echo and request.stream:
-        raise RequestError("echo", "echo does not stream; ask without stream")
     prompt = request.prompt
     if isinstance(prompt, str):
         return [("prompt", tokenizer.encode(prompt))]
@@ -354,15 +352,22 @@ class Echo:
     top: list[TopLogprobs] | None
 
 
+def token_chars(tokenizer: Tokenizer, token_ids: Sequence[int]) -> int:
+    """How many characters of `text_offset` the tokens take."""
+    return sum(len(_token_text(tokenizer, t)) for t in token_ids)
+
+
 def completion_logprobs(
     tokenizer: Tokenizer,
     token_ids: Sequence[int],
     logprobs: Sequence[float | None],
     top: Sequence[TopLogprobs | None] | None,
+    text_offset: int = 0,
 ) -> dict:
     """A completion choice's `logprobs`: each token's text and logprob, and with `top`, a
     {text: logprob} map of each position's most likely tokens (None where a position has no
-    logprob: an echoed prompt's first token)."""
+    logprob: an echoed prompt's first token). `text_offset`: the characters of the choice
+    before these tokens (a stream's earlier chunks)."""
     tokens = [_token_text(tokenizer, t) for t in token_ids]
     top_maps = None
     if top is not None:
@@ -374,7 +379,7 @@ def completion_logprobs(
         "tokens": tokens,
         "token_logprobs": list(logprobs),
         "top_logprobs": top_maps,
-        "text_offset": _offsets(tokens),
+        "text_offset": _offsets(tokens, text_offset),
     }
 
 
@@ -485,8 +490,8 @@ def chat_body(
     }
 
 
-def _offsets(tokens: Sequence[str]) -> list[int]:
-    offsets, position = [], 0
+def _offsets(tokens: Sequence[str], position: int) -> list[int]:
+    offsets = []
     for token in tokens:
         offsets.append(position)
         position += len(token)

@@ -282,11 +282,38 @@ async def test_echo_puts_each_prompt_before_its_completion(client):
         assert len(choice.logprobs.token_logprobs) == len(prompt) + 3
     assert echoed.usage == plain.usage
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.completions.create(prompt="ab", echo=True, stream=True, **greedy)
-    assert caught.value.body["param"] == "echo"
-    with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(model="reverse_text", prompt="ab", echo=True, max_tokens=-1)
     assert caught.value.body["param"] == "max_tokens"
+
+
+async def streamed_choices(stream) -> tuple[list[dict], object]:
+    """Each choice of a completion stream, its chunks joined: text, finish_reason, logprobs."""
+    choices, usage = {}, None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for part in chunk.choices:
+            choice = choices.setdefault(part.index, {"text": "", "finish_reason": None, "logprobs": {}})
+            assert choice["finish_reason"] is None, "no chunk after a choice's finish_reason"
+            choice["text"] += part.text
+            choice["finish_reason"] = part.finish_reason
+            for key, values in (part.logprobs.model_dump() if part.logprobs else {}).items():
+                choice["logprobs"][key] = choice["logprobs"].get(key, []) + values
+    return [choices[i] for i in sorted(choices)], usage
+
+
+@pytest.mark.parametrize("max_tokens", [3, 0])
+async def test_a_streamed_echo_equals_the_unstreamed_one(client, max_tokens):
+    settings = {"model": "reverse_text", "prompt": ["ab", "cde"], "n": 2, "temperature": 0.0}
+    settings |= {"max_tokens": max_tokens, "echo": True, "logprobs": 2}
+    whole = await client.completions.create(**settings)
+    stream = await client.completions.create(stream=True, stream_options={"include_usage": True}, **settings)
+    choices, usage = await streamed_choices(stream)
+    assert [c["text"] for c in choices] == [c.text for c in whole.choices]
+    assert all(c["text"].startswith(p) for c, p in zip(choices, ["ab", "ab", "cde", "cde"], strict=True))
+    assert [c["finish_reason"] for c in choices] == [c.finish_reason for c in whole.choices]
+    # Text offsets run on across chunks, through the prompt into the completion.
+    assert [c["logprobs"] for c in choices] == [c.logprobs.model_dump() for c in whole.choices]
+    assert usage == whole.usage
 
 
 @pytest.mark.parametrize(

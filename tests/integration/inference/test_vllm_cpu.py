@@ -58,6 +58,13 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     assert service["http_completion_tokens"] == sum(tokens for _, tokens in service["http_choices"]) > 0
     text, echo_logprobs = service["http_echo"]
     assert text == "abcd" and echo_logprobs[0] is None and len(echo_logprobs) == 4
+    streamed, whole = service["http_echo_streamed"]
+    assert streamed["text"].startswith("abcd") and streamed["text"] == whole["text"]
+    assert streamed["logprobs"]["tokens"] == whole["logprobs"]["tokens"]
+    assert streamed["logprobs"]["text_offset"] == whole["logprobs"]["text_offset"]
+    assert streamed["logprobs"]["token_logprobs"] == pytest.approx(
+        whole["logprobs"]["token_logprobs"], abs=1e-5
+    )
     plain, stop, stopped_text, reason = service["http_stop"]
     assert len(stop) == 2 and (stopped_text, reason) == (plain[: plain.find(stop)], "stop")
     assert service["exit_code"] == 0

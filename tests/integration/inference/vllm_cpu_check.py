@@ -171,11 +171,32 @@ def http_completion(port: int, body: dict) -> dict:
         raise RuntimeError(f"HTTP {error.code}: {error.read().decode()}") from error
 
 
+def http_streamed_completion(port: int, body: dict) -> dict:
+    """A streamed completion of one choice, its chunks joined: text and logprobs."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    text, logprobs = "", {}
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        for line in reply:
+            data = line.decode().strip().removeprefix("data: ")
+            if not data or data == "[DONE]":
+                continue
+            for choice in json.loads(data)["choices"]:
+                text += choice["text"]
+                for key, values in (choice["logprobs"] or {}).items():
+                    logprobs[key] = logprobs.get(key, []) + values
+    return {"text": text, "logprobs": logprobs}
+
+
 async def service_check(output_dir: Path) -> dict:
     """`rlrun serve inference` with the vLLM engine (GPT-2), as a pod runs it: held
     NOT_SERVING until version 1 arrives over the chunked UpdateWeights stream, then gRPC
     Generate under the new weights, GetStatus, an HTTP completion of a batch of two prompts,
-    an echoed prompt's logprobs over HTTP (a harness's loglikelihood request), a stop
+    an echoed prompt's logprobs over HTTP (a harness's loglikelihood request), the same
+    echoed and streamed (equal to the whole answer), a stop
     sequence of several tokens over HTTP, and SIGTERM."""
     overrides = family_overrides(output_dir, "gpt2")
     config = load_config(CONFIG, overrides)
@@ -215,6 +236,9 @@ async def service_check(output_dir: Path) -> dict:
         http = await asyncio.to_thread(http_completion, http_port, batch)
         loglikelihood = {"prompt": "abcd", "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0}
         echo = await asyncio.to_thread(http_completion, http_port, loglikelihood)
+        echoed = {**loglikelihood, "max_tokens": 3}
+        echo_whole = (await asyncio.to_thread(http_completion, http_port, echoed))["choices"][0]
+        echo_streamed = await asyncio.to_thread(http_streamed_completion, http_port, echoed)
         for seed in range(50):  # a seeded sample long enough to hold a stop sequence
             sampled = {"prompt": "abcd", "max_tokens": 10, "temperature": 1.0, "seed": seed}
             plain = (await asyncio.to_thread(http_completion, http_port, sampled))["choices"][0]["text"]
@@ -238,6 +262,10 @@ async def service_check(output_dir: Path) -> dict:
         "http_completion_tokens": http["usage"]["completion_tokens"],
         "http_choices": [(c["index"], len(c["logprobs"]["token_logprobs"])) for c in http["choices"]],
         "http_echo": [echo["choices"][0]["text"], echo["choices"][0]["logprobs"]["token_logprobs"]],
+        "http_echo_streamed": [
+            echo_streamed,
+            {"text": echo_whole["text"], "logprobs": echo_whole["logprobs"]},
+        ],
         "http_stop": [plain, stop, stopped["choices"][0]["text"], stopped["choices"][0]["finish_reason"]],
         "exit_code": exit_code,
     }

@@ -89,12 +89,6 @@ def test_a_body_cuts_each_choice_at_its_stop_sequence(tokenizer):
     assert chat["choices"][0]["finish_reason"] == "length"
 
 
-def test_echo_does_not_stream(tokenizer):
-    with pytest.raises(RequestError) as caught:
-        completion_prompts(CompletionRequest(prompt="abc", echo=True, stream=True), tokenizer)
-    assert caught.value.field == "echo"
-
-
 def test_an_echoed_prompt_comes_first_with_its_logprobs(tokenizer):
     a, b, c = tokenizer.encode("abc")
     echo = Echo([a, b], [-0.7], [[(b, -0.7), (c, -0.9)]])
