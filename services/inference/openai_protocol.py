@@ -58,6 +58,19 @@ _PENALTIES_AND_BIAS = {
 }
 
 
+def _one_shape_error(message: str):
+    """A wrap validator for a field of several accepted shapes: one message for every wrong
+    shape, instead of pydantic's one per member of the union."""
+
+    def validate(cls, value, parse):
+        try:
+            return parse(value)
+        except ValidationError as error:
+            raise PydanticCustomError("shape", message) from error
+
+    return validate
+
+
 class _SamplingFields(BaseModel):
     # Extra fields are kept, so that `check_fields` can name each one it refuses.
     model_config = ConfigDict(extra="allow")
@@ -111,18 +124,12 @@ class CompletionRequest(_SamplingFields):
             raise RequestError("logprobs", f"logprobs must be <= {MAX_TOP_LOGPROBS}, got {self.logprobs}")
         return self.logprobs or 0
 
-    @field_validator("prompt", mode="wrap")
-    @classmethod
-    def _prompt_shape(cls, value, parse):
-        # One message for every wrong shape, instead of one per member of the union.
-        try:
-            return parse(value)
-        except ValidationError as error:
-            raise PydanticCustomError(
-                "prompt_shape",
-                "prompt must be a string, a list of token ids, or a batch: a list of strings "
-                "or a list of token id lists",
-            ) from error
+    _prompt_shape = field_validator("prompt", mode="wrap")(
+        _one_shape_error(
+            "prompt must be a string, a list of token ids, or a batch: a list of strings "
+            "or a list of token id lists"
+        )
+    )
 
 
 class ContentPart(BaseModel):
@@ -138,15 +145,9 @@ class ChatMessageIn(BaseModel):
     tool_calls: list[dict] | None = None
     function_call: dict | None = None
 
-    @field_validator("content", mode="wrap")
-    @classmethod
-    def _content_shape(cls, value, parse):
-        try:
-            return parse(value)
-        except ValidationError as error:
-            raise PydanticCustomError(
-                "content_shape", "content must be a string or a list of content parts"
-            ) from error
+    _content_shape = field_validator("content", mode="wrap")(
+        _one_shape_error("content must be a string or a list of content parts")
+    )
 
 
 class ChatCompletionRequest(_SamplingFields):
