@@ -8,6 +8,7 @@ bad request (the `param` names the field), 429 when the waiting queue is full.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -41,7 +42,6 @@ from rlrun.inference.openai_protocol import (
     now,
     sampling_params,
     stop_strings,
-    token_chars,
     usage,
 )
 from rlrun.inference.validation import check_generate
@@ -184,14 +184,22 @@ def build_openai_app(
             return engine.generate
         return lambda prompt, params: _until_stopped(engine, tokenizer, prompt, params, stop_strings(body))
 
-    async def respond(body, build_prompts, max_tokens: int | None, stream_format, full_body):
-        """One generation endpoint: its prompts, checks, then the stream or the whole body."""
+    async def respond(body, build_prompts, max_tokens: int | None, answer):
+        """One generation endpoint: its prompts and checks, then `answer(body, requests,
+        prompt_tokens)`: the stream or the whole body."""
         try:
             requests = checked(body, build_prompts, max_tokens)
         except RequestError as error:
             return _bad_request(error)
-        prompt_tokens = sum(len(prompt) for prompt, _ in requests)
         try:
+            return await answer(body, requests, sum(len(prompt) for prompt, _ in requests))
+        except QueueFullError as error:
+            return _queue_full(error)
+
+    def generated(stream_format: _StreamFormat, full_body):
+        """The answer of a request to generate: its stream, or `full_body` of its completions."""
+
+        async def answer(body, requests, prompt_tokens: int):
             if body.stream:
                 first, rest = await primed_streams(engine, requests)
                 choices = len(requests) * body.n
@@ -202,23 +210,26 @@ def build_openai_app(
                 )
             generate = generator(body)
             results = await all_or_nothing([generate(prompt, params) for prompt, params in requests])
-        except QueueFullError as error:
-            return _queue_full(error)
-        completions = [completion for result in results for completion in result]
-        return full_body(body, tokenizer, model_id, prompt_tokens, completions)
+            completions = [completion for result in results for completion in result]
+            return full_body(body, tokenizer, model_id, prompt_tokens, completions)
+
+        return answer
 
     async def prompt_echo(prompt: list[int], top: int) -> Echo:
-        """A prompt's own logprobs (temperature 1, as OpenAI's echo)."""
+        """A prompt's own logprobs (temperature 1, as OpenAI's echo); its first token has none."""
         if len(prompt) == 1:
-            return Echo(prompt, [], [] if top else None)
+            return Echo(prompt, [None], [None] if top else None)
         score = await engine.score(prompt, 1, 1.0, top)
-        return Echo(prompt, score.logprobs, score.top_logprobs)
+        return Echo(
+            prompt,
+            [None, *score.logprobs],
+            None if score.top_logprobs is None else [None, *score.top_logprobs],
+        )
 
-    async def echoed(body: CompletionRequest, requests, max_tokens: int):
-        """`echo`: each prompt before its completions, whole or streamed; max_tokens 0
-        generates nothing."""
+    async def echoed(max_tokens: int, body: CompletionRequest, requests, prompt_tokens: int):
+        """The answer of an `echo` request: each prompt before its completions, whole or
+        streamed; max_tokens 0 generates nothing."""
         scoring = [prompt_echo(prompt, params.top_logprobs) for prompt, params in requests]
-        prompt_tokens = sum(len(prompt) for prompt, _ in requests)
         if body.stream:
             # The prompts are scored before the streams open, so that nothing streams yet
             # when a prompt cannot be scored.
@@ -241,15 +252,15 @@ def build_openai_app(
         generate = generator(body)
         generations = [generate(prompt, params) for prompt, params in requests] if max_tokens else []
         results = await all_or_nothing([*scoring, *generations])
-        echoes, generated = results[: len(requests)], results[len(requests) :]
+        echoes, per_prompt = results[: len(requests)], results[len(requests) :]
         if not max_tokens:
             version = engine.policy_version
-            generated = [
+            per_prompt = [
                 [Completion([], [], "length", version, version, [] if params.top_logprobs else None)] * body.n
                 for _, params in requests
             ]
         choices = [echo for echo in echoes for _ in range(body.n)]
-        completions = [completion for result in generated for completion in result]
+        completions = [completion for result in per_prompt for completion in result]
         return completion_body(body, tokenizer, model_id, prompt_tokens, completions, choices)
 
     @app.post("/v1/completions")
@@ -260,49 +271,46 @@ def build_openai_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await _unless_the_client_leaves(
-            request, respond(body, chat_prompts, max_tokens, _CHAT_STREAM, chat_body)
+            request, respond(body, chat_prompts, max_tokens, generated(_CHAT_STREAM, chat_body))
         )
 
     async def complete(body: CompletionRequest):
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         if not body.echo:
-            return await respond(body, completion_prompts, max_tokens, _COMPLETION_STREAM, completion_body)
-        try:
-            # max_tokens 0 asks for the prompt alone; the checks still want room for a token.
-            requests = checked(body, completion_prompts, max_tokens or 1)
-        except RequestError as error:
-            return _bad_request(error)
-        try:
-            return await echoed(body, requests, max_tokens)
-        except QueueFullError as error:
-            return _queue_full(error)
+            answer = generated(_COMPLETION_STREAM, completion_body)
+            return await respond(body, completion_prompts, max_tokens, answer)
+        # max_tokens 0 asks for the prompt alone; the checks still want room for a token.
+        return await respond(body, completion_prompts, max_tokens or 1, functools.partial(echoed, max_tokens))
 
     return app
 
 
 def _completion_choice(
     tokenizer: Tokenizer, body: CompletionRequest, delta: StreamDelta, text: str, text_offset: int
-) -> dict:
+) -> tuple[dict, int]:
     logprobs = None
     if body.logprobs is not None:
         logprobs = completion_logprobs(
             tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs, text_offset
         )
-    return {"index": delta.index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
+        text_offset += sum(len(token) for token in logprobs["tokens"])
+    entry = {"index": delta.index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
+    return entry, text_offset
 
 
 def _chat_choice(
     tokenizer: Tokenizer, body: ChatCompletionRequest, delta: StreamDelta, text: str, text_offset: int
-) -> dict:
+) -> tuple[dict, int]:
     logprobs = None
     if body.logprobs:
         logprobs = chat_logprobs(tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs)
-    return {
+    entry = {
         "index": delta.index,
         "delta": {"content": text} if text else {},
         "logprobs": logprobs,
         "finish_reason": delta.finish_reason,
     }
+    return entry, text_offset
 
 
 @dataclass(frozen=True)
@@ -311,21 +319,16 @@ class _StreamFormat:
 
     object: str
     id_prefix: str
-    choice: Callable[[Tokenizer, Any, StreamDelta, str, int], dict]
-    """A delta, the text it adds and the characters of its choice's tokens before it (for
-    `text_offset`) -> its entry in a chunk's `choices`."""
+    choice: Callable[[Tokenizer, Any, StreamDelta, str, int], tuple[dict, int]]
+    """A delta, the text it adds and where its tokens begin in the choice's text (completion
+    logprobs' `text_offset`) -> its entry in a chunk's `choices`, and where the next delta's
+    tokens begin."""
     opens_with_role: bool
     """Chat streams first announce each choice's role."""
-    text_offsets: bool
-    """Completion logprobs place each token in its choice's text (`text_offset`)."""
 
 
-_COMPLETION_STREAM = _StreamFormat(
-    "text_completion", "cmpl", _completion_choice, opens_with_role=False, text_offsets=True
-)
-_CHAT_STREAM = _StreamFormat(
-    "chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True, text_offsets=False
-)
+_COMPLETION_STREAM = _StreamFormat("text_completion", "cmpl", _completion_choice, opens_with_role=False)
+_CHAT_STREAM = _StreamFormat("chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True)
 
 
 async def _no_deltas() -> AsyncIterator[list[StreamDelta]]:
@@ -405,19 +408,13 @@ async def _stream_chunks(
         )
 
     def entry(delta: StreamDelta, piece: str) -> dict:
-        offset = offsets[delta.index]
-        if form.text_offsets and body.logprobs is not None:
-            offsets[delta.index] += token_chars(tokenizer, delta.token_ids)
-        return form.choice(tokenizer, body, delta, piece, offset)
+        choice, offsets[delta.index] = form.choice(tokenizer, body, delta, piece, offsets[delta.index])
+        return choice
 
     for index, echo in enumerate(echoes or ()):
         ended[index] = first is None
         prompt = StreamDelta(
-            index,
-            echo.token_ids,
-            [None, *echo.logprobs],
-            "length" if first is None else None,
-            None if echo.top is None else [None, *echo.top],
+            index, echo.token_ids, echo.logprobs, "length" if first is None else None, echo.top
         )
         yield chunk([entry(prompt, tokenizer.decode(echo.token_ids))])
     generated = 0

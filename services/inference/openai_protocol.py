@@ -22,7 +22,8 @@ dropped (`check_fields`): OpenAI's fields this server does not implement (penalt
 `logit_bias`, `best_of`, `suffix`, tools, `response_format`, ...) are accepted only at the
 value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
 accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
-`top_k` and `stop_token_ids` are accepted as vLLM-style extensions. The `model` field is accepted and ignored: one model is served.
+`top_k` and `stop_token_ids` are accepted as vLLM-style extensions. The `model` field is
+accepted and ignored: one model is served.
 """
 
 from __future__ import annotations
@@ -345,17 +346,13 @@ def _token_text(tokenizer: Tokenizer, token: int) -> str:
 
 @dataclass
 class Echo:
-    """A prompt repeated before its completion (`echo`), with the logprobs of its tokens after
-    the first (and with top_logprobs, each such position's most likely tokens)."""
+    """A prompt repeated before its completion (`echo`): its tokens, each one's logprob (None
+    for the first, which has no context) and with top_logprobs, each position's most likely
+    tokens (None for the first)."""
 
     token_ids: list[int]
-    logprobs: list[float]
-    top: list[TopLogprobs] | None
-
-
-def token_chars(tokenizer: Tokenizer, token_ids: Sequence[int]) -> int:
-    """How many characters of `text_offset` the tokens take."""
-    return sum(len(_token_text(tokenizer, t)) for t in token_ids)
+    logprobs: list[float | None]
+    top: list[TopLogprobs | None] | None
 
 
 def completion_logprobs(
@@ -431,9 +428,9 @@ def completion_body(
         if echoes is not None:
             echo = echoes[index]
             token_ids = echo.token_ids + token_ids
-            logprobs = [None, *echo.logprobs, *logprobs]
+            logprobs = echo.logprobs + logprobs
             if top is not None and echo.top is not None:
-                top = [None, *echo.top, *top]
+                top = echo.top + top
         text, stopped = visible_text(tokenizer, completion.token_ids, stops)
         if echoes is not None:
             text = tokenizer.decode(echoes[index].token_ids) + text

@@ -91,7 +91,7 @@ def test_a_body_cuts_each_choice_at_its_stop_sequence(tokenizer):
 
 def test_an_echoed_prompt_comes_first_with_its_logprobs(tokenizer):
     a, b, c = tokenizer.encode("abc")
-    echo = Echo([a, b], [-0.7], [[(b, -0.7), (c, -0.9)]])
+    echo = Echo([a, b], [None, -0.7], [None, [(b, -0.7), (c, -0.9)]])
     completion = Completion([c], [-0.2], "length", 0, 0, [[(c, -0.2), (a, -3.0)]])
     body = completion_body(
         CompletionRequest(prompt="ab", echo=True, logprobs=2), tokenizer, "m", 2, [completion], [echo]
