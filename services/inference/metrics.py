@@ -42,8 +42,13 @@ INTER_TOKEN_LATENCY = Histogram(
 POLICY_VERSION = Gauge(metric_name("inference", "policy", "version"), "Policy version of the served weights.")
 WEIGHT_UPDATE_SECONDS = Histogram(
     metric_name("inference", "weight_update", "seconds"),
-    "UpdateWeights: first message to weights applied.",
+    "UpdateWeights: first message to the update committed (served from then on).",
     buckets=_LATENCY_BUCKETS,
+)
+WEIGHT_APPLY_SECONDS = Histogram(
+    metric_name("inference", "weight_apply", "seconds"),
+    "The engine's copy of a committed update into the model, between two decode steps.",
+    buckets=_TOKEN_BUCKETS,
 )
 WEIGHT_UPDATE_BYTES = Counter(
     metric_name("inference", "weight_update_bytes", "total"), "Weight bytes received."

@@ -84,7 +84,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             started = time.perf_counter()
             try:
                 update = await receive_update(
-                    request_iterator, self.engine.weight_specs(), self.engine.weight_receive_buffer()
+                    request_iterator, self.engine.weight_specs(), await self.engine.weight_receive_buffer()
                 )
                 if update.tensors is None:
                     apply_seconds = await self.engine.receive_weights_nccl(update.header)
@@ -101,7 +101,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - started)
             metrics.WEIGHT_UPDATE_BYTES.inc(update.bytes_received)
             log.info(
-                "weights of version %d applied in %.3fs (%d bytes)",
+                "weights of version %d committed in %.3fs (%d bytes)",
                 version,
                 apply_seconds,
                 update.bytes_received,

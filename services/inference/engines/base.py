@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from rlrun.common.errors import RequestError
 from rlrun.common.types import SamplingParams
 from rlrun.v1 import weights_pb2
 
@@ -66,6 +67,14 @@ class EngineStatus:
     model: str
     engine: str
     max_model_len: int
+
+
+def check_version_order(version: int, served: int) -> None:
+    """A weight update may not take the served policy back to an older version."""
+    if version < served:
+        raise RequestError(
+            "header.version", f"header.version {version} is older than the served version {served}"
+        )
 
 
 class QueueFullError(Exception):
@@ -129,15 +138,19 @@ class Engine(ABC):
         """The tensors a weight update must carry, by Hugging Face name (dtype and shape are
         what counts; the values may live on the meta device)."""
 
-    def weight_receive_buffer(self) -> memoryview | None:
+    async def weight_receive_buffer(self) -> memoryview | None:
         """Where an update over gRPC is best assembled (it saves a copy), sized exactly for
-        the model's tensors; None: anywhere. Only one update uses it at a time."""
+        the model's tensors; None: anywhere. Only one update uses it at a time; it is
+        returned once the previous update has been copied out of it."""
         return None
 
     @abstractmethod
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         """Applies a complete, checked update atomically between two decode steps and sets
-        the policy version; returns the seconds the apply took. On any error nothing changes."""
+        the policy version. Returns once the update is committed: from then on it can no
+        longer fail, `policy_version` is `version`, and every request that arrives is served
+        by it (an engine may still be copying it in, ahead of any such request). Returns the
+        seconds from the call to the commit. On any error nothing changes."""
 
     @abstractmethod
     async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:

@@ -20,7 +20,14 @@ import torch
 from rlrun.common.errors import RequestError
 from rlrun.common.types import SamplingParams
 from rlrun.inference import metrics
-from rlrun.inference.engines.base import Completion, Engine, EngineStatus, ScoreResult, StreamDelta
+from rlrun.inference.engines.base import (
+    Completion,
+    Engine,
+    EngineStatus,
+    ScoreResult,
+    StreamDelta,
+    check_version_order,
+)
 from rlrun.inference.engines.torch_core import (
     DELTAS,
     DONE,
@@ -92,8 +99,8 @@ class CoreClient(Engine):
         """Hands a command to the core; never blocks the event loop."""
 
     @abstractmethod
-    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> float:
-        """Hands a checked update to the core (through `_apply_command`); returns the apply seconds."""
+    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Hands a checked update to the core (through `_commit`); returns once it is committed."""
 
     # -- the core's outputs ----------------------------------------------------------------------
 
@@ -146,14 +153,16 @@ class CoreClient(Engine):
         self._pending[rid] = waiter
         return rid
 
-    async def _call(self, make_command, on_result=None):
-        """Sends the command `make_command(rid)` and waits for its answer. `on_result(value)`
-        runs when the answer arrives, even if this call was cancelled by then."""
+    def _post(self, make_command) -> tuple[int, asyncio.Future]:
+        """Sends the command `make_command(rid)` now; the future gets its answer."""
         future = asyncio.get_running_loop().create_future()
-        if on_result is not None:
-            future.add_done_callback(lambda f: f.cancelled() or f.exception() or on_result(f.result()))
         rid = self._open(future)
         self._send(make_command(rid))
+        return rid, future
+
+    async def _call(self, make_command):
+        """Sends the command `make_command(rid)` and waits for its answer."""
+        rid, future = self._post(make_command)
         try:
             return await future
         finally:
@@ -208,10 +217,30 @@ class CoreClient(Engine):
 
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         check_update(tensors, self.weight_specs())
-        return await self._apply(tensors, version)
+        check_version_order(version, self._version)
+        started = time.perf_counter()
+        await self._apply(tensors, version)
+        return time.perf_counter() - started
 
-    async def _apply_command(self, make_command, version: int) -> float:
-        return await self._call(make_command, on_result=lambda _: self._set_version(version))
+    def _commit(self, make_command, version: int) -> asyncio.Future:
+        """Sends the update command `make_command(rid)`: committed from here on, since the core
+        handles commands in the order they were sent, so every later request is served by
+        it. The future resolves once the core has copied it in (its apply seconds)."""
+        _, applied = self._post(make_command)
+        self._set_version(version)
+        applied.add_done_callback(self._update_applied)
+        return applied
+
+    def _update_applied(self, applied: asyncio.Future) -> None:
+        if applied.cancelled():
+            return
+        error = applied.exception()
+        if error is None:
+            metrics.WEIGHT_APPLY_SECONDS.observe(applied.result())
+        elif self._closed is None:
+            # Committed updates were all checked here first: the engine is broken.
+            log.error("the engine failed to apply committed weights of version %d: %s", self._version, error)
+            self._close(RuntimeError(f"the engine failed to apply committed weights: {error}"), dead=True)
 
     async def score(
         self, token_ids: Sequence[int], start: int, temperature: float, top_logprobs: int = 0

@@ -37,6 +37,7 @@ from rlrun.inference.engines.base import (
     ScoreResult,
     StreamDelta,
     TopLogprobs,
+    check_version_order,
 )
 from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
@@ -257,10 +258,7 @@ class TorchEngineCore:
     def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         """Copies an update (checked by `CoreClient.update_weights`) into the parameters;
         an older version changes nothing."""
-        if version < self.version:
-            raise RequestError(
-                "header.version", f"header.version {version} is older than the served version {self.version}"
-            )
+        check_version_order(version, self.version)
         started = time.perf_counter()
         with torch.no_grad():
             names = list(tensors)

@@ -109,11 +109,12 @@ class TorchEngine(CoreClient):
     def weight_specs(self) -> dict[str, torch.Tensor]:
         return self.core.tensors
 
-    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         if self.core.device.type != "cpu":
             device = self.core.device
             tensors = await asyncio.to_thread(lambda: {n: t.to(device) for n, t in tensors.items()})
-        return await self._apply_command(lambda rid: ApplyWeights(rid, version, tensors), version)
+        # The core copies from the caller's tensors, which are free again once this returns.
+        await asyncio.shield(self._commit(lambda rid: ApplyWeights(rid, version, tensors), version))
 
 
 def create_engine(config: RunConfig):

@@ -10,7 +10,10 @@ process reads the commands that arrived between two steps without waiting, and w
 when it has nothing to do. Weight updates are assembled by the front end straight into a
 shared-memory staging area (`weight_receive_buffer`); the engine process is then told where
 each tensor sits and copies them into the model between two steps, so the bytes cross the
-process boundary without a further copy.
+process boundary without a further copy. The update is committed once that message is sent:
+the engine handles commands in order, so every later request is served by it, and the call
+does not wait for the copy (a decode step of a large model can take a while). The next
+update waits for it before it writes into the staging area.
 
 If the engine process dies, every open call fails and `on_dead` fires (the service stops,
 so the replica restarts). If the front end dies, the engine process sees its socket close
@@ -269,6 +272,8 @@ class TorchEngineProcess(CoreClient):
         self._staging_map: mmap.mmap | None = None
         self._staging: torch.Tensor | None = None
         self._staging_views: dict[str, torch.Tensor] = {}
+        self._staged: asyncio.Future | None = None
+        """The last update handed to the engine process: done once it has left the staging area."""
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -362,8 +367,14 @@ class TorchEngineProcess(CoreClient):
     def weight_specs(self) -> dict[str, torch.Tensor]:
         return self._specs
 
-    def weight_receive_buffer(self) -> memoryview | None:
+    async def weight_receive_buffer(self) -> memoryview | None:
+        await self._staging_released()
         return None if self._staging is None else memoryview(self._staging_map)[: self._staging.numel()]
+
+    async def _staging_released(self) -> None:
+        """Until the engine process has copied the last staged update into the model."""
+        while self._staged is not None and not self._staged.done():
+            await asyncio.wait([self._staged])
 
     def _offsets_in_staging(self, tensors: dict[str, torch.Tensor]) -> dict[str, int] | None:
         base = self._staging.data_ptr()
@@ -380,23 +391,18 @@ class TorchEngineProcess(CoreClient):
             offsets[name] = start - base
         return offsets
 
-    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Committed once the engine process has been told where the update sits: it copies
+        it in between two steps, and the staging area is not written again before then.
+        The update's own tensors are free at once (they are in staging, or copied there)."""
+        await self._staging_released()
         offsets = self._offsets_in_staging(tensors)
         if offsets is None:
             names = list(tensors)
             torch._foreach_copy_([self._staging_views[n] for n in names], [tensors[n] for n in names])
             offsets = self._offsets
         layout = None if offsets == self._offsets else offsets
-        future = asyncio.ensure_future(
-            self._apply_command(lambda rid: _ApplyStaged(rid, version, layout), version)
-        )
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The engine process reads the staging area until it answers; the next update
-            # must not write into it before then.
-            await asyncio.wait([future])
-            raise
+        self._staged = self._commit(lambda rid: _ApplyStaged(rid, version, layout), version)
 
 
 async def _read(reader: asyncio.StreamReader):

@@ -44,6 +44,7 @@ from rlrun.inference.engines.base import (
     ScoreResult,
     StreamDelta,
     TopLogprobs,
+    check_version_order,
 )
 from rlrun.inference.throughput import ThroughputMeter
 from rlrun.v1 import weights_pb2
@@ -345,7 +346,7 @@ class VllmEngine(Engine):
         return self._specs
 
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
-        self._check_version(version)
+        check_version_order(version, self._version)
         started = time.perf_counter()
         payload = await asyncio.to_thread(tensor_payload, tensors)
         await self._llm.collective_rpc("rlrun_load_weights", args=(payload,))
@@ -353,7 +354,7 @@ class VllmEngine(Engine):
         return self._applied(version, started)
 
     async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
-        self._check_version(header.version)
+        check_version_order(header.version, self._version)
         specs = nccl_tensor_specs(header, self._specs)
         rendezvous = header.nccl
         group = (
@@ -382,16 +383,12 @@ class VllmEngine(Engine):
         await self._llm.reset_prefix_cache()
         return self._applied(header.version, started)
 
-    def _check_version(self, version: int) -> None:
-        if version < self._version:
-            raise RequestError(
-                "header.version", f"header.version {version} is older than the served version {self._version}"
-            )
-
     def _applied(self, version: int, started: float) -> float:
         self._version = version
         metrics.POLICY_VERSION.set(version)
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        metrics.WEIGHT_APPLY_SECONDS.observe(seconds)
+        return seconds
 
     def status(self) -> EngineStatus:
         return self._status(

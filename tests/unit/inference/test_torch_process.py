@@ -9,6 +9,7 @@ import signal
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
@@ -16,7 +17,7 @@ from rlrun.common.model import build_model
 from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.torch_engine import create_engine
-from rlrun.inference.engines.torch_process import TorchEngineProcess
+from rlrun.inference.engines.torch_process import TorchEngineProcess, _ApplyStaged
 from rlrun.inference.weight_stream import receive_update
 
 from .conftest import REPO
@@ -75,7 +76,9 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
         # An update assembled straight into the staging area, as the gRPC servicer does it.
         other = build_model(engine_config(seed=11).model)
         update = await receive_update(
-            messages_of(broadcast_tensors(other), 2), engine.weight_specs(), engine.weight_receive_buffer()
+            messages_of(broadcast_tensors(other), 2),
+            engine.weight_specs(),
+            await engine.weight_receive_buffer(),
         )
         assert engine._offsets_in_staging(update.tensors) is not None  # no copy on the way
         await engine.update_weights(update.tensors, 2)
@@ -112,6 +115,45 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
     assert staging_files() == files_before
     with pytest.raises(RuntimeError, match="not running"):
         await engine.generate([5], greedy)
+
+
+async def test_an_update_is_committed_in_order_before_the_engine_copies_it_in():
+    """update_weights returns once the update is queued ahead of every later request, not
+    after the engine process has copied it in; the next update waits for the staging area,
+    and a committed update the engine then fails to apply stops the engine loudly."""
+    config = engine_config()
+    models = {1: build_model(engine_config(seed=11).model), 2: build_model(config.model)}
+    engine = TorchEngineProcess(config)
+    died = asyncio.get_running_loop().create_future()
+    engine.on_dead = died.set_result
+    await engine.start()
+    applied = REGISTRY.get_sample_value("rlrun_inference_weight_apply_seconds_count") or 0
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    try:
+        # Decoding while the updates arrive: they land between two of its steps.
+        busy = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=40)))
+        for version, model in models.items():
+            update = await receive_update(
+                messages_of(broadcast_tensors(model), version),
+                engine.weight_specs(),
+                await engine.weight_receive_buffer(),
+            )
+            await engine.update_weights(update.tensors, version)
+            assert engine.policy_version == version and not engine._staged.done()
+            await engine.weight_receive_buffer()
+            assert engine._staged.done()  # the staging area is handed out only once copied from
+            [after] = await engine.generate([5, 6, 7, 8], greedy)
+            assert after.token_ids == argmax_loop(model, [5, 6, 7, 8], 12)
+            assert after.policy_version_start == version
+        await busy
+        assert REGISTRY.get_sample_value("rlrun_inference_weight_apply_seconds_count") == applied + 2
+
+        engine._commit(lambda rid: _ApplyStaged(rid, 1, None), 1)  # skips update_weights' checks
+        assert "failed to apply committed weights" in str(await asyncio.wait_for(died, 30))
+        with pytest.raises(RuntimeError, match="not running"):
+            await engine.generate([5], greedy)
+    finally:
+        await engine.stop()
 
 
 async def test_a_dead_engine_process_fails_open_requests_and_reports_itself():
