@@ -402,7 +402,8 @@ async def weight_update_seconds(
         if index:
             raw_times.append(middle - started)
             updates.append((time.perf_counter() - middle, reply.apply_seconds))
-    # The engine answers in order: once this one-token request is back, so is the last copy.
+    # The engine answers in order: once a request sent after the last update is answered,
+    # the last copy has been reported too.
     await grpc_generate(service.stub.Generate)([5])
     copies, copy_seconds = (a - b for a, b in zip(await service.weight_copies(), copies_before, strict=True))
     update_s, commit_s = min(updates)
