@@ -10,6 +10,7 @@ from collections.abc import Callable
 import grpc
 
 from rlrun.common.errors import grpc_errors
+from rlrun.common.model.weights import LayoutCache
 from rlrun.common.wire import sampling_from_proto
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import Completion, Engine, QueueFullError
@@ -44,6 +45,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.on_weights_applied = on_weights_applied
         # One update at a time: each holds a full copy of the weights while it assembles.
         self._update_lock = asyncio.Lock()
+        self._layout_cache: LayoutCache | None = None
+
+    def _layouts(self) -> LayoutCache:
+        specs = self.engine.weight_specs()
+        if self._layout_cache is None or self._layout_cache.expected is not specs:
+            self._layout_cache = LayoutCache(specs)
+        return self._layout_cache
 
     @grpc_errors
     async def Generate(self, request, context):
@@ -84,7 +92,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             started = time.perf_counter()
             try:
                 update = await receive_update(
-                    request_iterator, self.engine.weight_specs(), await self.engine.weight_receive_buffer()
+                    request_iterator, self._layouts(), await self.engine.weight_receive_buffer()
                 )
                 if update.tensors is None:
                     apply_seconds = await self.engine.receive_weights_nccl(update.header)
@@ -100,13 +108,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             version = update.header.version
             metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - started)
             metrics.WEIGHT_UPDATE_BYTES.inc(update.bytes_received)
-            log.info(
-                "weights of version %d committed in %.3fs (%d bytes)",
-                version,
-                apply_seconds,
-                update.bytes_received,
-            )
             self.on_weights_applied(version)
+            # Logged once the reply is out: the trainer need not wait for a log write.
+            context.add_done_callback(
+                lambda _: log.info(
+                    "weights of version %d committed in %.3fs (%d bytes)",
+                    version,
+                    apply_seconds,
+                    update.bytes_received,
+                )
+            )
             return inference_pb2.UpdateWeightsResponse(
                 version=version, bytes_received=update.bytes_received, apply_seconds=apply_seconds
             )

@@ -1,5 +1,5 @@
 """Receiving one UpdateWeights client stream: the header, then the chunks, checked against
-the engine's tensors by `WeightAssembler` before anything is applied.
+the engine's tensors (`LayoutCache`, `WeightAssembler`) before anything is applied.
 
 Status mapping (the servicer turns these into gRPC codes):
 - a message that breaks the contract (no header first, a second header, a tensor list,
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rlrun.common.errors import RequestError
-from rlrun.common.model.weights import WeightAssembler
+from rlrun.common.model.weights import LayoutCache, WeightAssembler
 from rlrun.v1 import weights_pb2
 
 
@@ -35,12 +35,13 @@ class ReceivedUpdate:
 
 async def receive_update(
     messages: AsyncIterator[weights_pb2.WeightUpdateMessage],
-    expected: dict[str, torch.Tensor],
+    layouts: LayoutCache,
     buffer: memoryview | None = None,
 ) -> ReceivedUpdate:
-    """`buffer`: where the engine wants the bytes assembled (`Engine.weight_receive_buffer`)."""
+    """`layouts`: the engine's tensors (`Engine.weight_specs`); `buffer`: where the engine
+    wants the bytes assembled (`Engine.weight_receive_buffer`)."""
     try:
-        return await _receive(messages, expected, buffer)
+        return await _receive(messages, layouts, buffer)
     except RequestError:
         # Read the client's stream to its end before the status goes out: a client still
         # sending when the call closes sees a transport error (INTERNAL) instead of the
@@ -52,7 +53,7 @@ async def receive_update(
 
 async def _receive(
     messages: AsyncIterator[weights_pb2.WeightUpdateMessage],
-    expected: dict[str, torch.Tensor],
+    layouts: LayoutCache,
     buffer: memoryview | None,
 ) -> ReceivedUpdate:
     first = await anext(messages, None)
@@ -72,7 +73,7 @@ async def _receive(
                 "an NCCL update carries only the header; the tensors go over the collective",
             )
         return ReceivedUpdate(header, None, 0)
-    assembler = WeightAssembler(header, expected, buffer)
+    assembler = WeightAssembler(header, layouts.layout(header), buffer)
     async for message in messages:
         if message.WhichOneof("payload") != "chunk":
             raise RequestError("header", "UpdateWeights carries exactly one header, first")

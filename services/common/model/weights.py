@@ -5,7 +5,7 @@ enough that checking costs a few percent of the stream, unlike crc32)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import xxhash
@@ -94,18 +94,13 @@ def iter_update_messages(
         )
 
 
-class WeightAssembler:
-    """Receives one update against the receiver's own tensors; every check fails with
-    WireError before anything is applied."""
+class TensorLayout:
+    """An update's tensors in header order, checked against the receiver's own: the name,
+    dtype, shape and element count of each, as they follow one another in the stream."""
 
-    def __init__(
-        self,
-        header: weights_pb2.WeightUpdateHeader,
-        expected: dict[str, torch.Tensor],
-        buffer: memoryview | None = None,
-    ):
-        """`buffer`: where to assemble (the receiver's staging area), else a new bytearray."""
-        specs = list(header.tensors)
+    def __init__(self, specs: Sequence[weights_pb2.TensorSpec], expected: dict[str, torch.Tensor]):
+        """Fails with WireError unless `specs` names every tensor of `expected` once, each
+        with its dtype and shape."""
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise WireError("header.tensors", "header.tensors has duplicate names")
@@ -117,7 +112,7 @@ class WeightAssembler:
                 f"header.tensors does not match the model: missing {missing[:5]}, unknown {unknown[:5]}",
             )
         size = 0
-        layout: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
+        entries: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
         for i, spec in enumerate(specs):
             target = expected[spec.name]
             dtype = PB_TO_TORCH.get(spec.dtype)
@@ -133,18 +128,85 @@ class WeightAssembler:
                     f"header.tensors[{i}] ({spec.name}) has shape {shape}, the model has {tuple(target.shape)}",
                 )
             count = target.numel()
-            layout.append((spec.name, dtype, shape, count))
+            entries.append((spec.name, dtype, shape, count))
             size += count * target.element_size()
+        self.entries = entries
+        self.total_bytes = size
+        self._views: tuple[object, dict[str, torch.Tensor]] | None = None
+
+    def views(self, buffer: bytearray | memoryview, keep: bool = False) -> dict[str, torch.Tensor]:
+        """Every tensor as a view of `buffer` (the stream's bytes). `keep`: the buffer is the
+        receiver's own, reused by every update; its views are kept, so that the next update
+        assembled there gets them without building a tensor."""
+        kept = self._views
+        if kept is not None and kept[0] is buffer:
+            return dict(kept[1])
+        views = self._build_views(buffer)
+        if keep:
+            self._views = (buffer, views)
+        return dict(views) if keep else views
+
+    def _build_views(self, buffer: bytearray | memoryview) -> dict[str, torch.Tensor]:
+        entries = self.entries
+        dtypes = {dtype for _, dtype, _, _ in entries}
+        if len(dtypes) == 1 and len(buffer):
+            # One dtype (the usual case): one view of the buffer, split into every tensor at once.
+            flat = torch.frombuffer(buffer, dtype=dtypes.pop())
+            pieces = flat.split([count for _, _, _, count in entries])
+            return {
+                name: piece.view(shape) for (name, _, shape, _), piece in zip(entries, pieces, strict=True)
+            }
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, dtype, shape, count in entries:
+            if count:
+                flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+            else:
+                flat = torch.empty(0, dtype=dtype)
+            out[name] = flat.reshape(shape)
+            offset += count * flat.element_size()
+        return out
+
+
+class LayoutCache:
+    """The receiver's tensors, and the layout of the last header checked against them: a
+    trainer sends the same tensor list with every update, so it is checked (and its views
+    of a reused receive buffer built) once."""
+
+    def __init__(self, expected: dict[str, torch.Tensor]):
+        self.expected = expected
+        self._checked: tuple[weights_pb2.WeightUpdateHeader, TensorLayout] | None = None
+
+    def layout(self, header: weights_pb2.WeightUpdateHeader) -> TensorLayout:
+        checked = self._checked
+        if checked is None or checked[0].tensors != header.tensors:
+            checked = self._checked = (header, TensorLayout(header.tensors, self.expected))
+        return checked[1]
+
+
+class WeightAssembler:
+    """Receives one update laid out as `layout`; every check fails with WireError before
+    anything is applied."""
+
+    def __init__(
+        self,
+        header: weights_pb2.WeightUpdateHeader,
+        layout: TensorLayout,
+        buffer: memoryview | None = None,
+    ):
+        """`buffer`: where to assemble (the receiver's staging area), else a new bytearray."""
+        size = layout.total_bytes
         if header.total_bytes != size:
             raise WireError(
                 "header.total_bytes",
                 f"header.total_bytes is {header.total_bytes} but the tensors need {size}",
             )
         self.header = header
-        self._layout = layout
+        self.layout = layout
         if buffer is not None and len(buffer) != size:
             raise ValueError(f"the receive buffer holds {len(buffer)} bytes, the model's tensors {size}")
         self.buffer = bytearray(size) if buffer is None else buffer
+        self._reused_buffer = buffer is not None
         self.received = 0
         self.next_index = 0
         self.digest = xxhash.xxh3_64()
@@ -179,22 +241,4 @@ class WeightAssembler:
             raise WireError(
                 "header.checksum", f"checksum mismatch: header {self.header.checksum}, data {checksum}"
             )
-        layout = self._layout
-        dtypes = {dtype for _, dtype, _, _ in layout}
-        if len(dtypes) == 1 and self.buffer:
-            # One dtype (the usual case): one view of the buffer, split into every tensor at once.
-            flat = torch.frombuffer(self.buffer, dtype=dtypes.pop())
-            pieces = flat.split([count for _, _, _, count in layout])
-            return {
-                name: piece.view(shape) for (name, _, shape, _), piece in zip(layout, pieces, strict=True)
-            }
-        out: dict[str, torch.Tensor] = {}
-        offset = 0
-        for name, dtype, shape, count in layout:
-            if count:
-                flat = torch.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset)
-            else:
-                flat = torch.empty(0, dtype=dtype)
-            out[name] = flat.reshape(shape)
-            offset += count * flat.element_size()
-        return out
+        return self.layout.views(self.buffer, keep=self._reused_buffer)

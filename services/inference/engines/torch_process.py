@@ -272,6 +272,9 @@ class TorchEngineProcess(CoreClient):
         self._staging_map: mmap.mmap | None = None
         self._staging: torch.Tensor | None = None
         self._staging_views: dict[str, torch.Tensor] = {}
+        self._receive_buffer: memoryview | None = None
+        """The staging area as every update is assembled in it: one object, so that the
+        receiver's views of it are built once (`TensorLayout.views`)."""
         self._staged: asyncio.Future | None = None
         """The last update handed to the engine process: done once it has left the staging area."""
 
@@ -303,6 +306,7 @@ class TorchEngineProcess(CoreClient):
         self._staging_path, self._staging_map = _create_staging(size)
         self._staging = torch.frombuffer(self._staging_map, dtype=torch.uint8, count=size)
         self._staging_views = staged_views(self._staging, ready.specs, self._offsets)
+        self._receive_buffer = memoryview(self._staging_map)[:size]
         self._send(_AttachStaging(self._staging_path))
         self._reader_task = asyncio.create_task(self._read_outputs(reader))
         metrics.POLICY_VERSION.set(self._version)
@@ -359,7 +363,7 @@ class TorchEngineProcess(CoreClient):
         if self._staging_path is not None:
             with contextlib.suppress(FileNotFoundError):  # the engine process unlinks it on attach
                 os.unlink(self._staging_path)
-        self._staging_path = self._staging_map = self._staging = None
+        self._staging_path = self._staging_map = self._staging = self._receive_buffer = None
         self._staging_views = {}
 
     # -- weights --------------------------------------------------------------------------------
@@ -369,7 +373,7 @@ class TorchEngineProcess(CoreClient):
 
     async def weight_receive_buffer(self) -> memoryview | None:
         await self._staging_released()
-        return None if self._staging is None else memoryview(self._staging_map)[: self._staging.numel()]
+        return self._receive_buffer
 
     async def _staging_released(self) -> None:
         """Until the engine process has copied the last staged update into the model."""

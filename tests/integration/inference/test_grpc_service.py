@@ -2,6 +2,7 @@
 pause, status, health gating."""
 
 import asyncio
+import logging
 
 import grpc
 import pytest
@@ -91,16 +92,29 @@ async def test_score_matches_the_generated_logprobs(service):
     )
 
 
-async def test_a_weight_update_changes_outputs_and_the_version(service):
+async def test_a_weight_update_changes_outputs_and_the_version(service, caplog):
+    caplog.set_level(logging.INFO, logger="rlrun.inference.servicer")
     before = await greedy_tokens(service.stub)
     tensors = other_weights(service.service.config, seed=9)
     reply = await service.stub.UpdateWeights(update(tensors, 3))
     assert reply.version == 3 and reply.bytes_received == sum(t.numel() * 4 for t in tensors.values())
-    assert await greedy_tokens(service.stub) != before
+    updated = await greedy_tokens(service.stub)
+    assert updated != before
     status = await service.stub.GetStatus(inference_pb2.GetInferenceStatusRequest())
     assert status.policy_version == 3
     response = await service.stub.Generate(generate([4, 5]))
     assert response.completions[0].policy_version_start == 3
+    # The next update of the same tensor list lands in the same staging area, through the
+    # views the first one built; the old weights come back with it.
+    config = service.service.config
+    await service.stub.UpdateWeights(update(other_weights(config, seed=config.model.seed), 4))
+    assert await greedy_tokens(service.stub) == before
+    assert [
+        r.getMessage().split(" committed")[0] for r in caplog.records if "committed" in r.getMessage()
+    ] == [
+        "weights of version 3",
+        "weights of version 4",
+    ]
 
 
 def wrong_shape(messages):

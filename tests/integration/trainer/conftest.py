@@ -23,7 +23,7 @@ import torch
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import PB_TO_TORCH, WeightAssembler, broadcast_tensors
+from rlrun.common.model.weights import PB_TO_TORCH, TensorLayout, WeightAssembler, broadcast_tensors
 from rlrun.trainer.app import add_trainer_service, create_runtime
 from rlrun.trainer.collective_broadcast import join_weight_group
 from rlrun.trainer.coordinator import Coordinator
@@ -104,7 +104,7 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
                 if header.transport == weights_pb2.WEIGHT_TRANSPORT_NCCL:
                     tensors = await asyncio.to_thread(self._receive_collective, header)
                 else:
-                    assembler = WeightAssembler(header, self.expected)
+                    assembler = WeightAssembler(header, TensorLayout(header.tensors, self.expected))
             else:
                 assembler.add(message.chunk)
         self.weights = tensors if tensors is not None else assembler.finish()

@@ -10,6 +10,8 @@ from rlrun.common.config import ModelConfig
 from rlrun.common.model import build_model
 from rlrun.common.model.weights import (
     MAX_CHUNK_BYTES,
+    LayoutCache,
+    TensorLayout,
     WeightAssembler,
     broadcast_tensors,
     iter_update_messages,
@@ -23,9 +25,13 @@ def model(seed=0, config="tiny-d64.json"):
     return build_model(ModelConfig(config=REPO / "configs/models" / config, seed=seed))
 
 
+def assembler_for(header, expected, buffer=None):
+    return WeightAssembler(header, TensorLayout(header.tensors, expected), buffer)
+
+
 def receive(messages, expected):
     messages = list(messages)
-    assembler = WeightAssembler(messages[0].header, expected)
+    assembler = assembler_for(messages[0].header, expected)
     for m in messages[1:]:
         assembler.add(m.chunk)
     return assembler.finish()
@@ -58,7 +64,7 @@ def test_bfloat16_survives():
 def test_received_tensors_are_views_of_the_receive_buffer():
     tensors = broadcast_tensors(model(1))
     messages = list(iter_update_messages(tensors, 1))
-    assembler = WeightAssembler(messages[0].header, broadcast_tensors(model(2)))
+    assembler = assembler_for(messages[0].header, broadcast_tensors(model(2)))
     for m in messages[1:]:
         assembler.add(m.chunk)
     out = assembler.finish()
@@ -85,16 +91,16 @@ def test_receiver_rejects_mismatches():
     header = next(iter_update_messages(tensors, 1)).header
     wrong_shape = {**tensors, "lm_head.weight": torch.zeros(3, 3)}
     with pytest.raises(WireError, match="has shape"):
-        WeightAssembler(header, wrong_shape)
+        assembler_for(header, wrong_shape)
     wrong_dtype = {**tensors, "lm_head.weight": tensors["lm_head.weight"].double()}
     with pytest.raises(WireError, match="has dtype"):
-        WeightAssembler(header, wrong_dtype)
+        assembler_for(header, wrong_dtype)
     extra = {**tensors, "extra.weight": torch.zeros(1)}
     with pytest.raises(WireError, match="missing"):
-        WeightAssembler(header, extra)
+        assembler_for(header, extra)
     header.total_bytes += 4
     with pytest.raises(WireError) as error:
-        WeightAssembler(header, tensors)
+        assembler_for(header, tensors)
     assert error.value.field == "header.total_bytes"
 
 
@@ -121,3 +127,44 @@ def test_empty_and_scalar_tensors_round_trip():
     out = receive(iter_update_messages(tensors, 1), expected)
     for name, tensor in tensors.items():
         assert torch.equal(out[name], tensor), name
+
+
+def test_a_tensor_list_is_checked_once_and_a_reused_buffer_keeps_its_views():
+    tensors = broadcast_tensors(model(1))
+    expected = broadcast_tensors(model(2))
+    layouts = LayoutCache(expected)
+    headers = [next(iter_update_messages(tensors, version)).header for version in (1, 2)]
+    first = layouts.layout(headers[0])
+    assert layouts.layout(headers[1]) is first  # same tensor list, another version: not rechecked
+
+    # Every update assembled in the receiver's own buffer: its views are built once and
+    # show each update's bytes.
+    buffer = memoryview(bytearray(first.total_bytes))
+    received = []
+    for version, source in ((1, model(3)), (2, model(4))):
+        sent = broadcast_tensors(source)
+        messages = list(iter_update_messages(sent, version))
+        assembler = WeightAssembler(messages[0].header, layouts.layout(messages[0].header), buffer)
+        for m in messages[1:]:
+            assembler.add(m.chunk)
+        out = assembler.finish()
+        assert all(torch.equal(out[name], t) for name, t in sent.items())
+        received.append(out)
+    assert all(received[0][name] is received[1][name] for name in expected)
+    # No receiver buffer (a new one each time): nothing of it is kept.
+    for version in (3, 4):
+        messages = list(iter_update_messages(tensors, version))
+        assembler = WeightAssembler(messages[0].header, first)
+        for m in messages[1:]:
+            assembler.add(m.chunk)
+        assert torch.equal(assembler.finish()["lm_head.weight"], tensors["lm_head.weight"])
+        assert first._views[0] is buffer
+
+    # Another tensor list is checked again, and a bad one leaves the checked layout in place.
+    reordered = dict(reversed(list(tensors.items())))
+    other = layouts.layout(next(iter_update_messages(reordered, 5)).header)
+    assert other is not first and [e[0] for e in other.entries] == list(reordered)
+    bad = {**tensors, "lm_head.weight": torch.zeros(3, 3)}
+    with pytest.raises(WireError, match="has shape"):
+        layouts.layout(next(iter_update_messages(bad, 6)).header)
+    assert layouts.layout(next(iter_update_messages(reordered, 7)).header) is other

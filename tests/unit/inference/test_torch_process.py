@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
+from rlrun.common.model.weights import LayoutCache, broadcast_tensors, iter_update_messages
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.torch_engine import create_engine
 from rlrun.inference.engines.torch_process import TorchEngineProcess, _ApplyStaged
@@ -77,7 +77,7 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
         other = build_model(engine_config(seed=11).model)
         update = await receive_update(
             messages_of(broadcast_tensors(other), 2),
-            engine.weight_specs(),
+            LayoutCache(engine.weight_specs()),
             await engine.weight_receive_buffer(),
         )
         assert engine._offsets_in_staging(update.tensors) is not None  # no copy on the way
@@ -132,10 +132,11 @@ async def test_an_update_is_committed_in_order_before_the_engine_copies_it_in():
     try:
         # Decoding while the updates arrive: they land between two of its steps.
         busy = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=40)))
+        layouts = LayoutCache(engine.weight_specs())  # the second update reuses the first's views
         for version, model in models.items():
             update = await receive_update(
                 messages_of(broadcast_tensors(model), version),
-                engine.weight_specs(),
+                layouts,
                 await engine.weight_receive_buffer(),
             )
             await engine.update_weights(update.tensors, version)
