@@ -5,7 +5,7 @@ enough that checking costs a few percent of the stream, unlike crc32)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import xxhash
@@ -132,19 +132,26 @@ class TensorLayout:
             size += count * target.element_size()
         self.entries = entries
         self.total_bytes = size
-        self._views: tuple[object, dict[str, torch.Tensor]] | None = None
+        self.expected = expected
+        self.offsets: dict[str, int] = {}
+        """Where each tensor's bytes start in the stream."""
+        offset = 0
+        for name, dtype, _, count in entries:
+            self.offsets[name] = offset
+            offset += count * dtype.itemsize
+        self._kept: ReceivedTensors | None = None
 
-    def views(self, buffer: bytearray | memoryview, keep: bool = False) -> dict[str, torch.Tensor]:
+    def views(self, buffer: bytearray | memoryview, keep: bool = False) -> ReceivedTensors:
         """Every tensor as a view of `buffer` (the stream's bytes). `keep`: the buffer is the
         receiver's own, reused by every update; its views are kept, so that the next update
         assembled there gets them without building a tensor."""
-        kept = self._views
-        if kept is not None and kept[0] is buffer:
-            return dict(kept[1])
-        views = self._build_views(buffer)
+        kept = self._kept
+        if kept is not None and kept.buffer is buffer:
+            return kept
+        received = ReceivedTensors(self._build_views(buffer), self, buffer)
         if keep:
-            self._views = (buffer, views)
-        return dict(views) if keep else views
+            self._kept = received
+        return received
 
     def _build_views(self, buffer: bytearray | memoryview) -> dict[str, torch.Tensor]:
         entries = self.entries
@@ -166,6 +173,28 @@ class TensorLayout:
             out[name] = flat.reshape(shape)
             offset += count * flat.element_size()
         return out
+
+
+class ReceivedTensors(Mapping[str, torch.Tensor]):
+    """A received update's tensors: views of the buffer it was assembled in, at the byte
+    offsets `layout.offsets`, each already checked against `layout.expected`. Read-only, so
+    an engine that knows the buffer can skip both the check and the copy."""
+
+    def __init__(
+        self, tensors: dict[str, torch.Tensor], layout: TensorLayout, buffer: bytearray | memoryview
+    ):
+        self._tensors = tensors
+        self.layout = layout
+        self.buffer = buffer
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 class LayoutCache:
@@ -232,7 +261,7 @@ class WeightAssembler:
         self.received = end
         self.next_index += 1
 
-    def finish(self) -> dict[str, torch.Tensor]:
+    def finish(self) -> ReceivedTensors:
         """The received tensors (views of the receive buffer), after the length and checksum checks."""
         if self.received != len(self.buffer):
             raise WireError("chunks", f"stream ended after {self.received} of {len(self.buffer)} bytes")

@@ -7,7 +7,7 @@ messages stay at those boundaries.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,7 +145,7 @@ class Engine(ABC):
         return None
 
     @abstractmethod
-    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+    async def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Applies a complete, checked update atomically between two decode steps and sets
         the policy version. Returns once the update is committed: from then on it can no
         longer fail, `policy_version` is `version`, and every request that arrives is served

@@ -13,11 +13,12 @@ import itertools
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import torch
 
 from rlrun.common.errors import RequestError
+from rlrun.common.model.weights import ReceivedTensors
 from rlrun.common.types import SamplingParams
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import (
@@ -67,7 +68,7 @@ def record_stats(stats: CoreStats) -> None:
     metrics.WAITING.set(stats.waiting_requests)
 
 
-def check_update(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+def check_update(tensors: Mapping[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     """Every check before the first copy, so that the copies cannot fail half-way."""
     for name, tensor in tensors.items():
         target = expected.get(name)
@@ -99,7 +100,7 @@ class CoreClient(Engine):
         """Hands a command to the core; never blocks the event loop."""
 
     @abstractmethod
-    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+    async def _apply(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Hands a checked update to the core (through `_commit`); returns once it is committed."""
 
     # -- the core's outputs ----------------------------------------------------------------------
@@ -215,8 +216,9 @@ class CoreClient(Engine):
                 log.debug("stream %r closed early", request_id)
                 self._send(Cancel(rid))
 
-    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
-        check_update(tensors, self.weight_specs())
+    async def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
+        if not (isinstance(tensors, ReceivedTensors) and tensors.layout.expected is self.weight_specs()):
+            check_update(tensors, self.weight_specs())
         check_version_order(version, self._version)
         started = time.perf_counter()
         await self._apply(tensors, version)

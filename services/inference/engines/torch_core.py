@@ -20,6 +20,7 @@ import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Protocol
@@ -83,7 +84,7 @@ class Score:
 class ApplyWeights:
     rid: int
     version: int
-    tensors: dict[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor]
     """Every tensor of the model, already checked against it (`CoreClient.update_weights`)."""
 
 
@@ -255,7 +256,7 @@ class TorchEngineCore:
             return
         self._requests[command.rid] = request
 
-    def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Copies an update (checked by `CoreClient.update_weights`) into the parameters;
         an older version changes nothing."""
         check_version_order(version, self.version)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 
 import torch
 
@@ -109,7 +110,7 @@ class TorchEngine(CoreClient):
     def weight_specs(self) -> dict[str, torch.Tensor]:
         return self.core.tensors
 
-    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+    async def _apply(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         if self.core.device.type != "cpu":
             device = self.core.device
             tensors = await asyncio.to_thread(lambda: {n: t.to(device) for n, t in tensors.items()})

@@ -35,6 +35,7 @@ import socket
 import struct
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ import torch
 from rlrun.common.config import RunConfig
 from rlrun.common.logs import setup_logging
 from rlrun.common.model import build_model
+from rlrun.common.model.weights import ReceivedTensors
 from rlrun.common.service import limit_threads
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
@@ -380,7 +382,9 @@ class TorchEngineProcess(CoreClient):
         while self._staged is not None and not self._staged.done():
             await asyncio.wait([self._staged])
 
-    def _offsets_in_staging(self, tensors: dict[str, torch.Tensor]) -> dict[str, int] | None:
+    def _offsets_in_staging(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int] | None:
+        if isinstance(tensors, ReceivedTensors) and tensors.buffer is self._receive_buffer:
+            return tensors.layout.offsets  # assembled in the staging area by the receiver
         base = self._staging.data_ptr()
         end = base + self._staging.numel()
         offsets = {}
@@ -395,7 +399,7 @@ class TorchEngineProcess(CoreClient):
             offsets[name] = start - base
         return offsets
 
-    async def _apply(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+    async def _apply(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Committed once the engine process has been told where the update sits: it copies
         it in between two steps, and the staging area is not written again before then.
         The update's own tensors are free at once (they are in staging, or copied there)."""

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +176,7 @@ def nccl_tensor_specs(
     ]
 
 
-def tensor_payload(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
+def tensor_payload(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
     """(name, torch dtype name, shape, raw bytes) per tensor: what `collective_rpc` can carry
     to vLLM's worker processes (they pickle their arguments, and tensors' memoryviews do not
     pickle). `vllm_worker.tensors_from_payload` is the inverse."""
@@ -345,7 +345,7 @@ class VllmEngine(Engine):
     def weight_specs(self) -> dict[str, torch.Tensor]:
         return self._specs
 
-    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+    async def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         check_version_order(version, self._version)
         started = time.perf_counter()
         payload = await asyncio.to_thread(tensor_payload, tensors)

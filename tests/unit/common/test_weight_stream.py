@@ -158,7 +158,7 @@ def test_a_tensor_list_is_checked_once_and_a_reused_buffer_keeps_its_views():
         for m in messages[1:]:
             assembler.add(m.chunk)
         assert torch.equal(assembler.finish()["lm_head.weight"], tensors["lm_head.weight"])
-        assert first._views[0] is buffer
+        assert first._kept.buffer is buffer
 
     # Another tensor list is checked again, and a bad one leaves the checked layout in place.
     reordered = dict(reversed(list(tensors.items())))

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 
 from rlrun.common.errors import RequestError
 from rlrun.common.model import PackedCausal
+from rlrun.common.model.weights import TensorLayout, WeightAssembler, iter_update_messages
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
 from rlrun.inference.engines.torch_engine import TorchEngine
@@ -187,6 +188,13 @@ async def test_a_failed_weight_update_leaves_model_and_version_unchanged(engine)
     broken["lm_head.weight"] = broken["lm_head.weight"][:, :-1]
     with pytest.raises(RequestError, match="lm_head.weight"):
         await engine.update_weights(broken, version=5)
+    # Tensors received against another receiver's tensors are checked all the same.
+    header, *chunks = iter_update_messages(broken, 5)
+    assembler = WeightAssembler(header.header, TensorLayout(header.header.tensors, broken))
+    for message in chunks:
+        assembler.add(message.chunk)
+    with pytest.raises(RequestError, match="lm_head.weight"):
+        await engine.update_weights(assembler.finish(), version=5)
     [after] = await engine.generate(PROMPTS[0], params)
     assert after.token_ids == before.token_ids
     assert engine.policy_version == 3

@@ -92,14 +92,32 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
             await engine.update_weights(broadcast_tensors(model), 1)
         [unchanged] = await engine.generate([5, 6, 7, 8], greedy)
         assert unchanged.token_ids == after.token_ids and engine.policy_version == 2
-        await engine.update_weights({k: v.clone() for k, v in broadcast_tensors(model).items()}, 3)
+        # Received elsewhere (a buffer of its own): copied in, not read from the staging area.
+        elsewhere = await receive_update(
+            messages_of(broadcast_tensors(model), 3), LayoutCache(engine.weight_specs())
+        )
+        assert engine._offsets_in_staging(elsewhere.tensors) is None
+        await engine.update_weights(elsewhere.tensors, 3)
         [back] = await engine.generate([5, 6, 7, 8], greedy)
         assert back.token_ids == argmax_loop(model, [5, 6, 7, 8], 12)
+
+        # A sender that lists the tensors in another order: assembled in the staging area as
+        # sent, and read from where each one landed.
+        reordered = dict(reversed(list(broadcast_tensors(other).items())))
+        update = await receive_update(
+            messages_of(reordered, 4),
+            LayoutCache(engine.weight_specs()),
+            await engine.weight_receive_buffer(),
+        )
+        assert engine._offsets_in_staging(update.tensors) != engine._offsets
+        await engine.update_weights(update.tensors, 4)
+        [again] = await engine.generate([5, 6, 7, 8], greedy)
+        assert again.token_ids == after.token_ids
 
         scored = await engine.score([5, 6, 7, 8, 9], 2, 1.0)
         torch.testing.assert_close(
             torch.tensor(scored.logprobs),
-            recomputed_logprobs(model, [5, 6], [7, 8, 9], 1.0),
+            recomputed_logprobs(other, [5, 6], [7, 8, 9], 1.0),
             atol=1e-4,
             rtol=0,
         )
