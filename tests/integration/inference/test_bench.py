@@ -26,6 +26,7 @@ def test_quick_bench_prints_the_ratios(tmp_path):
         "ratio_vs_limit",
         "ratio_vs_sequential",
         "weights_ratio_vs_raw",
+        "weights_median_ratio_vs_raw",
         "engine_process_ratio_vs_limit",
         "grpc_ceiling_ratio_vs_limit",
     ):
@@ -33,6 +34,7 @@ def test_quick_bench_prints_the_ratios(tmp_path):
     larger = last["larger_model"]
     assert larger["weight_bytes"] > 10 * last["weight_bytes"]  # a larger model than the demo's
     assert larger["ratio_vs_limit"] > 0 and larger["weights_ratio_vs_raw"] > 0
+    assert larger["weights_median_ratio_vs_raw"] > 0
     for measured in (last, larger):
         # b/a splits into (b)'s batch occupancy and its step rate against (a)'s
         assert 0 < measured["service_rows_per_step"] <= last["batch"]
