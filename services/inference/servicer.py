@@ -106,16 +106,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 metrics.WEIGHT_UPDATE_FAILURES.inc()
                 raise
             version = update.header.version
-            metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            metrics.WEIGHT_UPDATE_SECONDS.observe(seconds)
             metrics.WEIGHT_UPDATE_BYTES.inc(update.bytes_received)
             self.on_weights_applied(version)
             # Logged once the reply is out: the trainer need not wait for a log write.
             context.add_done_callback(
                 lambda _: log.info(
-                    "weights of version %d committed in %.3fs (%d bytes)",
+                    "weights of version %d (%d bytes) received and committed in %.2f ms (the commit %.2f ms)",
                     version,
-                    apply_seconds,
                     update.bytes_received,
+                    seconds * 1e3,
+                    apply_seconds * 1e3,
                 )
             )
             return inference_pb2.UpdateWeightsResponse(

@@ -109,11 +109,9 @@ async def test_a_weight_update_changes_outputs_and_the_version(service, caplog):
     config = service.service.config
     await service.stub.UpdateWeights(update(other_weights(config, seed=config.model.seed), 4))
     assert await greedy_tokens(service.stub) == before
-    assert [
-        r.getMessage().split(" committed")[0] for r in caplog.records if "committed" in r.getMessage()
-    ] == [
-        "weights of version 3",
-        "weights of version 4",
+    logged = [r.getMessage() for r in caplog.records if "committed" in r.getMessage()]
+    assert [line.split(" received")[0] for line in logged] == [
+        f"weights of version {version} ({reply.bytes_received} bytes)" for version in (3, 4)
     ]
 
 
