@@ -113,6 +113,7 @@ class TensorLayout:
             )
         size = 0
         entries: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
+        offsets: dict[str, int] = {}
         for i, spec in enumerate(specs):
             target = expected[spec.name]
             dtype = PB_TO_TORCH.get(spec.dtype)
@@ -129,16 +130,13 @@ class TensorLayout:
                 )
             count = target.numel()
             entries.append((spec.name, dtype, shape, count))
+            offsets[spec.name] = size
             size += count * target.element_size()
         self.entries = entries
         self.total_bytes = size
         self.expected = expected
-        self.offsets: dict[str, int] = {}
+        self.offsets = offsets
         """Where each tensor's bytes start in the stream."""
-        offset = 0
-        for name, dtype, _, count in entries:
-            self.offsets[name] = offset
-            offset += count * dtype.itemsize
         self._kept: ReceivedTensors | None = None
 
     def views(self, buffer: bytearray | memoryview, keep: bool = False) -> ReceivedTensors:
@@ -164,14 +162,12 @@ class TensorLayout:
                 name: piece.view(shape) for (name, _, shape, _), piece in zip(entries, pieces, strict=True)
             }
         out: dict[str, torch.Tensor] = {}
-        offset = 0
         for name, dtype, shape, count in entries:
             if count:
-                flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+                flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=self.offsets[name])
             else:
                 flat = torch.empty(0, dtype=dtype)
             out[name] = flat.reshape(shape)
-            offset += count * flat.element_size()
         return out
 
 
