@@ -12,6 +12,9 @@ Generate only waits as long as a request takes at (a)'s rate, which bounds b/a o
 machine for any engine. b/a is also split into two factors from the service's own
 counters (/metrics): how many of the 32 rows a (b) step decoded (occupancy: rows lost to
 clients between a reply and their next request) and (b)'s steps per second against (a)'s.
+What a row stays empty for is shown too: a request's time at its client less the engine's
+own time of it (from its hand-over to the engine to its last token) is gRPC both ways, the
+front end and the client.
 Also a weight update (UpdateWeights to the service) against a raw gRPC client stream of the
 same messages into a sink that only receives them (target >= 0.8): the fastest of each, and
 their medians. Every request decodes
@@ -38,7 +41,7 @@ import statistics
 import time
 import urllib.request
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -150,6 +153,25 @@ def sequential_generate_tok_s(config: RunConfig, requests: int) -> float:
 
 
 @dataclass
+class EngineCounters:
+    """The service's own counters (/metrics): decode steps, generated tokens, and the
+    requests and first tokens with their total latency, from each request's arrival at the
+    front end (its hand-over to the engine) to its last token, or its first."""
+
+    steps: float
+    tokens: float
+    requests: float
+    request_s: float
+    first_tokens: float
+    first_token_s: float
+
+    def since(self, before: EngineCounters) -> EngineCounters:
+        return EngineCounters(
+            **{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)}
+        )
+
+
+@dataclass
 class Service:
     """`rlrun serve inference` as the bench drives it: its gRPC stub and its /metrics."""
 
@@ -170,11 +192,18 @@ class Service:
             for sample in family.samples
         }
 
-    async def engine_counters(self) -> tuple[float, float]:
-        """(decode steps, generated tokens) so far. The engine reports a step's statistics
-        with its answers, so after a round's last reply its steps are all counted."""
+    async def engine_counters(self) -> EngineCounters:
+        """The engine's counters so far. It reports a step's statistics with its answers, so
+        after a round's last reply its steps and requests are all counted."""
         values = await self.metrics()
-        return values["rlrun_inference_steps_total"], values["rlrun_inference_generated_tokens_total"]
+        return EngineCounters(
+            steps=values["rlrun_inference_steps_total"],
+            tokens=values["rlrun_inference_generated_tokens_total"],
+            requests=values["rlrun_inference_request_latency_seconds_count"],
+            request_s=values["rlrun_inference_request_latency_seconds_sum"],
+            first_tokens=values["rlrun_inference_time_to_first_token_seconds_count"],
+            first_token_s=values["rlrun_inference_time_to_first_token_seconds_sum"],
+        )
 
     async def weight_copies(self) -> tuple[float, float]:
         """(count, total seconds) of the engine's copies of updates into the model."""
@@ -230,18 +259,30 @@ def grpc_generate(call, request_id: str = ""):
 
 
 @dataclass
+class ServedRound:
+    """One (b) round, and where its time went."""
+
+    tok_s: float
+    rows_per_step: float
+    """Mean rows of a decode step (BATCH at most)."""
+    request_s: float
+    """Mean time of a Generate call at the client."""
+    engine_request_s: float
+    """Mean time of a request from its hand-over to the engine to its last token."""
+    first_token_s: float
+    """Mean time from the hand-over to the first token: the engine taking it up, and its prefill."""
+
+
+@dataclass
 class ServiceRounds:
-    """(a) and (b) of alternating rounds, and how full (b)'s batch was in each."""
+    """(a) and (b) of alternating rounds."""
 
     limits: list[float]
-    served: list[float]
-    rows_per_step: list[float]
-    """Mean rows of a decode step in each (b) round (BATCH at most)."""
+    served: list[ServedRound]
 
-    def best(self) -> tuple[float, float, float]:
-        """(a)'s best round; (b)'s best round and its rows per step."""
-        index = max(range(len(self.served)), key=self.served.__getitem__)
-        return max(self.limits), self.served[index], self.rows_per_step[index]
+    def best(self) -> tuple[float, ServedRound]:
+        """(a)'s best round and (b)'s."""
+        return max(self.limits), max(self.served, key=lambda r: r.tok_s)
 
 
 async def limits_and_service_tok_s(
@@ -249,15 +290,32 @@ async def limits_and_service_tok_s(
 ) -> ServiceRounds:
     """(a) and (b) alternately for `rounds` rounds, so that both see the same load; each (b)
     round after a warm-up round."""
-    result = ServiceRounds([], [], [])
+    result = ServiceRounds([], [])
     generate = grpc_generate(service.stub.Generate)
+    walls: list[float] = []
+
+    async def timed(prompt: list[int]) -> int:
+        started = time.perf_counter()
+        generated = await generate(prompt)
+        walls.append(time.perf_counter() - started)
+        return generated
+
     for _ in range(rounds):
         result.limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
         await clients_tok_s(generate, vocab, 1)  # warm-up
-        steps, tokens = await service.engine_counters()
-        result.served.append(await clients_tok_s(generate, vocab, requests_per_client))
-        steps_after, tokens_after = await service.engine_counters()
-        result.rows_per_step.append((tokens_after - tokens) / (steps_after - steps))
+        before = await service.engine_counters()
+        walls.clear()
+        tok_s = await clients_tok_s(timed, vocab, requests_per_client)
+        counted = (await service.engine_counters()).since(before)
+        result.served.append(
+            ServedRound(
+                tok_s,
+                counted.tokens / counted.steps,
+                statistics.mean(walls),
+                counted.request_s / counted.requests,
+                counted.first_token_s / counted.first_tokens,
+            )
+        )
     return result
 
 
@@ -415,17 +473,23 @@ async def weight_update_seconds(
     return WeightTimes(update_s, commit_s, copy_seconds / copies, min(raw_times), payload, median_ratio)
 
 
-def occupancy_split(ratio_vs_limit: float, rows_per_step: float) -> dict:
+def service_split(limit: float, served: ServedRound) -> dict:
     """b/a as the product of two factors, since (a) decodes BATCH rows per step:
     - occupancy: rows per (b) step / BATCH. Lost rows are clients between a reply and their
-      next request (the gRPC round trip), the engine waiting on nobody.
+      next request, the engine waiting on nobody. How long that is per request: the time
+      of a call at the client less the engine's own time of the request (gRPC both ways,
+      the front end and the client itself).
     - step rate: (b)'s steps per second / (a)'s. Lost speed is the engine's own per-step
       work beyond (a)'s loop, and the front end and clients sharing its cores."""
-    occupancy = rows_per_step / BATCH
+    occupancy = served.rows_per_step / BATCH
     return {
-        "service_rows_per_step": round(rows_per_step, 2),
+        "service_rows_per_step": round(served.rows_per_step, 2),
         "service_occupancy": round(occupancy, 3),
-        "service_step_rate_vs_limit": round(ratio_vs_limit / occupancy, 3),
+        "service_step_rate_vs_limit": round(served.tok_s / limit / occupancy, 3),
+        "service_request_ms": round(served.request_s * 1e3, 2),
+        "service_engine_request_ms": round(served.engine_request_s * 1e3, 2),
+        "service_first_token_ms": round(served.first_token_s * 1e3, 2),
+        "service_outside_engine_ms": round((served.request_s - served.engine_request_s) * 1e3, 2),
     }
 
 
@@ -447,18 +511,18 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     engine = await engine_process_tok_s(config, vocab, requests_per_client, rounds=rounds)
     sequential = sequential_generate_tok_s(config, requests=3 if quick else 12)
     larger = await larger_model_ratios(config, quick, log_dir / "larger-model")
-    limit, served, rows = rounds_run.best()
+    limit, served = rounds_run.best()
     return {
         "limit_tok_s": round(limit, 1),
-        "service_tok_s": round(served, 1),
-        **occupancy_split(served / limit, rows),
+        "service_tok_s": round(served.tok_s, 1),
+        **service_split(limit, served),
         "sequential_tok_s": round(sequential, 1),
         "engine_process_tok_s": round(engine, 1),
         "engine_process_ratio_vs_limit": round(engine / limit, 3),
         "grpc_ceiling_tok_s": round(ceiling, 1),
         "grpc_ceiling_ratio_vs_limit": round(ceiling / limit, 3),
-        "ratio_vs_limit": round(served / limit, 3),
-        "ratio_vs_sequential": round(served / sequential, 2),
+        "ratio_vs_limit": round(served.tok_s / limit, 3),
+        "ratio_vs_sequential": round(served.tok_s / sequential, 2),
         "weight_update_s": round(weights.update_s, 5),
         "weight_commit_s": round(weights.commit_s, 6),
         "weight_copy_s": round(weights.copy_s, 6),
@@ -469,7 +533,7 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
         "targets": {"ratio_vs_limit": 0.8, "ratio_vs_sequential": 8, "weights_ratio_vs_raw": 0.8},
         "rounds": {
             "limit_tok_s": [round(x) for x in rounds_run.limits],
-            "service_tok_s": [round(x) for x in rounds_run.served],
+            "service_tok_s": [round(r.tok_s) for r in rounds_run.served],
         },
         "larger_model": larger,
         "batch": BATCH,
@@ -503,14 +567,14 @@ async def larger_model_ratios(demo: RunConfig, quick: bool, log_dir: Path) -> di
             quick=quick,
         )
         weights = await weight_update_seconds(service, sink, config, repeats=3 if quick else 12)
-    limit, served, rows = rounds_run.best()
+    limit, served = rounds_run.best()
     return {
         "model": LARGER_MODEL,
         "parameters": parameters,
         "limit_tok_s": round(limit, 1),
-        "service_tok_s": round(served, 1),
-        **occupancy_split(served / limit, rows),
-        "ratio_vs_limit": round(served / limit, 3),
+        "service_tok_s": round(served.tok_s, 1),
+        **service_split(limit, served),
+        "ratio_vs_limit": round(served.tok_s / limit, 3),
         "weight_update_s": round(weights.update_s, 5),
         "weight_copy_s": round(weights.copy_s, 6),
         "raw_stream_s": round(weights.raw_s, 5),
@@ -541,6 +605,12 @@ def main(args: argparse.Namespace) -> int:
         f"(occupancy {result['service_occupancy']:.3f}) x steps/s {result['service_step_rate_vs_limit']:.3f} of a's"
     )
     print(
+        f"    a (b) request: {result['service_request_ms']:.2f} ms at its client, of which "
+        f"{result['service_engine_request_ms']:.2f} ms in the engine (its first token after "
+        f"{result['service_first_token_ms']:.2f} ms) and {result['service_outside_engine_ms']:.2f} ms outside "
+        f"it (gRPC both ways, the front end, the client): its row stays empty that long"
+    )
+    print(
         f"b/a = {result['ratio_vs_limit']:.3f} (target >= 0.8)   b/c = {result['ratio_vs_sequential']:.2f} (target >= 8)"
     )
     print(
@@ -557,7 +627,8 @@ def main(args: argparse.Namespace) -> int:
         f"the same on a larger model ({larger['parameters'] / 1e6:.1f}M parameters): "
         f"(a) {larger['limit_tok_s']:.1f} tok/s, (b) {larger['service_tok_s']:.1f} tok/s, "
         f"b/a = {larger['ratio_vs_limit']:.3f} (occupancy {larger['service_occupancy']:.3f} x steps/s "
-        f"{larger['service_step_rate_vs_limit']:.3f}); weight update {larger['weight_update_s'] * 1e3:.2f} ms "
+        f"{larger['service_step_rate_vs_limit']:.3f}; {larger['service_outside_engine_ms']:.2f} ms of a request "
+        f"outside the engine); weight update {larger['weight_update_s'] * 1e3:.2f} ms "
         f"vs raw stream {larger['raw_stream_s'] * 1e3:.2f} ms of {larger['weight_bytes']} bytes: "
         f"ratio {larger['weights_ratio_vs_raw']:.3f} (of the medians {larger['weights_median_ratio_vs_raw']:.3f})"
     )

@@ -41,3 +41,9 @@ def test_quick_bench_prints_the_ratios(tmp_path):
         assert measured["service_occupancy"] * measured["service_step_rate_vs_limit"] == pytest.approx(
             measured["ratio_vs_limit"], abs=0.005
         )
+        # a request's time at its client splits into the engine's and the rest
+        assert 0 < measured["service_first_token_ms"] < measured["service_engine_request_ms"]
+        assert measured["service_engine_request_ms"] < measured["service_request_ms"]
+        assert measured["service_outside_engine_ms"] == pytest.approx(
+            measured["service_request_ms"] - measured["service_engine_request_ms"], abs=0.02
+        )
