@@ -5,6 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+
+_STARTED = time.perf_counter()
+
+
+def stage(what: str) -> None:
+    """Says on stderr what a benchmark measures now (stdout keeps the results): most take
+    a minute or more."""
+    print(f"[{time.perf_counter() - _STARTED:6.1f}s] {what}", file=sys.stderr, flush=True)
 
 
 def emit_result(result: dict, args: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ import grpc
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlrun.bench import emit_result
+from rlrun.bench import emit_result, stage
 from rlrun.bench.services import free_port, served
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
@@ -300,7 +300,8 @@ async def limits_and_service_tok_s(
         walls.append(time.perf_counter() - started)
         return generated
 
-    for _ in range(rounds):
+    for index in range(rounds):
+        stage(f"(a) and (b), round {index + 1} of {rounds}")
         result.limits.append(raw_decode_tok_s(config, rounds=2 if quick else 4))
         await clients_tok_s(generate, vocab, 1)  # warm-up
         before = await service.engine_counters()
@@ -446,6 +447,7 @@ async def weight_update_seconds(
 ) -> WeightTimes:
     """UpdateWeights calls and raw streams of the same messages to the sink on `channel`,
     alternately, so that both see the same load."""
+    stage(f"{repeats} weight updates, each next to a raw stream of the same messages")
     tensors = broadcast_tensors(build_model(config.model))
     streams = [list(iter_update_messages(tensors, version)) for version in range(1, repeats + 2)]
     payload = sum(len(m.chunk.data) for m in streams[0])
@@ -502,14 +504,19 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     vocab = build_model(config.model).config.vocab_size
     rounds = 2 if quick else 5
     requests_per_client = 3 if quick else 8
+    stage("starting the service (rlrun serve inference) and a raw gRPC sink")
     async with serving(log_dir, OVERRIDES) as (service, sink):
         rounds_run = await limits_and_service_tok_s(
             service, config, vocab, rounds, requests_per_client, quick
         )
+        stage("(b)'s gRPC ceiling")
         ceiling = await grpc_ceiling_tok_s(sink, vocab, max(rounds_run.limits), requests_per_client)
         weights = await weight_update_seconds(service, sink, config, repeats=5 if quick else 40)
+    stage("(b) without gRPC: the engine process alone")
     engine = await engine_process_tok_s(config, vocab, requests_per_client, rounds=rounds)
+    stage("(c) sequential transformers generate")
     sequential = sequential_generate_tok_s(config, requests=3 if quick else 12)
+    stage(f"the same on the larger model {LARGER_MODEL}")
     larger = await larger_model_ratios(config, quick, log_dir / "larger-model")
     limit, served = rounds_run.best()
     return {

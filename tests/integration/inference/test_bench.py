@@ -22,6 +22,9 @@ def test_quick_bench_prints_the_ratios(tmp_path):
     )
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert json.loads(output.read_text()) == last
+    # what it measures, as it goes, on stderr
+    for stage in ("(a) and (b), round 2 of 2", "5 weight updates", "(c) sequential", "the larger model"):
+        assert stage in result.stderr
     for key in (
         "ratio_vs_limit",
         "ratio_vs_sequential",
