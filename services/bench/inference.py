@@ -475,8 +475,9 @@ async def weight_update_seconds(
     return WeightTimes(update_s, commit_s, copy_seconds / copies, min(raw_times), payload, median_ratio)
 
 
-def service_split(limit: float, served: ServedRound) -> dict:
-    """b/a as the product of two factors, since (a) decodes BATCH rows per step:
+def service_figures(limit: float, served: ServedRound) -> dict:
+    """(a), (b) and b/a, with b/a as the product of two factors, since (a) decodes BATCH
+    rows per step:
     - occupancy: rows per (b) step / BATCH. Lost rows are clients between a reply and their
       next request, the engine waiting on nobody. How long that is per request: the time
       of a call at the client less the engine's own time of the request (gRPC both ways,
@@ -485,6 +486,9 @@ def service_split(limit: float, served: ServedRound) -> dict:
       work beyond (a)'s loop, and the front end and clients sharing its cores."""
     occupancy = served.rows_per_step / BATCH
     return {
+        "limit_tok_s": round(limit, 1),
+        "service_tok_s": round(served.tok_s, 1),
+        "ratio_vs_limit": round(served.tok_s / limit, 3),
         "service_rows_per_step": round(served.rows_per_step, 2),
         "service_occupancy": round(occupancy, 3),
         "service_step_rate_vs_limit": round(served.tok_s / limit / occupancy, 3),
@@ -492,6 +496,18 @@ def service_split(limit: float, served: ServedRound) -> dict:
         "service_engine_request_ms": round(served.engine_request_s * 1e3, 2),
         "service_first_token_ms": round(served.first_token_s * 1e3, 2),
         "service_outside_engine_ms": round((served.request_s - served.engine_request_s) * 1e3, 2),
+    }
+
+
+def weight_figures(weights: WeightTimes) -> dict:
+    """The weight update against the raw stream of the same bytes."""
+    return {
+        "weight_update_s": round(weights.update_s, 5),
+        "weight_copy_s": round(weights.copy_s, 6),
+        "raw_stream_s": round(weights.raw_s, 5),
+        "weight_bytes": weights.payload,
+        "weights_ratio_vs_raw": round(weights.raw_s / weights.update_s, 3),
+        "weights_median_ratio_vs_raw": round(weights.median_ratio, 3),
     }
 
 
@@ -520,23 +536,15 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     larger = await larger_model_ratios(config, quick, log_dir / "larger-model")
     limit, served = rounds_run.best()
     return {
-        "limit_tok_s": round(limit, 1),
-        "service_tok_s": round(served.tok_s, 1),
-        **service_split(limit, served),
+        **service_figures(limit, served),
         "sequential_tok_s": round(sequential, 1),
         "engine_process_tok_s": round(engine, 1),
         "engine_process_ratio_vs_limit": round(engine / limit, 3),
         "grpc_ceiling_tok_s": round(ceiling, 1),
         "grpc_ceiling_ratio_vs_limit": round(ceiling / limit, 3),
-        "ratio_vs_limit": round(served.tok_s / limit, 3),
         "ratio_vs_sequential": round(served.tok_s / sequential, 2),
-        "weight_update_s": round(weights.update_s, 5),
+        **weight_figures(weights),
         "weight_commit_s": round(weights.commit_s, 6),
-        "weight_copy_s": round(weights.copy_s, 6),
-        "raw_stream_s": round(weights.raw_s, 5),
-        "weight_bytes": weights.payload,
-        "weights_ratio_vs_raw": round(weights.raw_s / weights.update_s, 3),
-        "weights_median_ratio_vs_raw": round(weights.median_ratio, 3),
         "targets": {"ratio_vs_limit": 0.8, "ratio_vs_sequential": 8, "weights_ratio_vs_raw": 0.8},
         "rounds": {
             "limit_tok_s": [round(x) for x in rounds_run.limits],
@@ -578,16 +586,8 @@ async def larger_model_ratios(demo: RunConfig, quick: bool, log_dir: Path) -> di
     return {
         "model": LARGER_MODEL,
         "parameters": parameters,
-        "limit_tok_s": round(limit, 1),
-        "service_tok_s": round(served.tok_s, 1),
-        **service_split(limit, served),
-        "ratio_vs_limit": round(served.tok_s / limit, 3),
-        "weight_update_s": round(weights.update_s, 5),
-        "weight_copy_s": round(weights.copy_s, 6),
-        "raw_stream_s": round(weights.raw_s, 5),
-        "weight_bytes": weights.payload,
-        "weights_ratio_vs_raw": round(weights.raw_s / weights.update_s, 3),
-        "weights_median_ratio_vs_raw": round(weights.median_ratio, 3),
+        **service_figures(limit, served),
+        **weight_figures(weights),
     }
 
 
