@@ -35,6 +35,10 @@ def _finite(values, where: str) -> None:
 
 MAX_TOP_LOGPROBS = 20
 """The most alternatives a request may ask for per position (OpenAI's limit)."""
+MAX_PENALTY = 2.0
+"""presence_penalty and frequency_penalty lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)."""
+MAX_LOGIT_BIAS = 100.0
+"""A logit_bias value lies in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (OpenAI's range)."""
 
 
 @dataclass
@@ -50,6 +54,18 @@ class SamplingParams:
     """How many of the most likely tokens to report, with their logprobs, at each generated
     position (at most MAX_TOP_LOGPROBS). Set by the OpenAI-compatible API; the gRPC
     SamplingParams has no such field, since training needs the sampled token's logprob only."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the sample has generated so far."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the sample has generated it so far."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to the logits of these token ids.
+
+    These three change the logits before temperature, as OpenAI defines them, so the
+    distribution sampled from (and the logprobs returned) is no longer the model's; they are
+    set by the OpenAI-compatible API only. The gRPC SamplingParams has no such fields: the
+    trainer recomputes the model's own distribution, and tokens sampled from another would
+    only be masked as off-policy."""
 
     def validate(
         self,
@@ -88,6 +104,25 @@ class SamplingParams:
                 f"{where}.top_logprobs",
                 f"{where}.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise WireError(
+                    f"{where}.{name}",
+                    f"{where}.{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}",
+                )
+        for token, bias in self.logit_bias.items():
+            if vocab_size is not None and not 0 <= token < vocab_size:
+                raise WireError(
+                    f"{where}.logit_bias",
+                    f"{where}.logit_bias has token id {token}, outside the vocabulary [0, {vocab_size})",
+                )
+            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise WireError(
+                    f"{where}.logit_bias",
+                    f"{where}.logit_bias of token {token} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], "
+                    f"got {bias}",
+                )
         if vocab_size is not None:
             for i, tok in enumerate(self.stop_token_ids):
                 if not 0 <= tok < vocab_size:

@@ -3,8 +3,13 @@
 A completion's `prompt` is a string, a list of token ids, or a batch of either; choice
 `i * n + j` of the answer is sample j of prompt i, as in OpenAI's API.
 
+`logit_bias` (token id -> bias), `presence_penalty` and `frequency_penalty` change the logits
+before temperature, as OpenAI defines them: the penalties count the tokens the choice has
+generated so far, not its prompt.
+
 Logprobs (`logprobs` of a completion, `logprobs` / `top_logprobs` of a chat) are under the
-distribution sampled from, softmax(logits / T), as the trainer recomputes them; at most
+distribution sampled from, softmax(logits' / T) with logits' the biased and penalised
+logits (without bias and penalties, the distribution the trainer recomputes); at most
 MAX_TOP_LOGPROBS alternatives per position.
 
 `echo` repeats each prompt before its completion, with the prompt tokens' logprobs under the
@@ -18,9 +23,9 @@ itself; longer ones are found in the text as it streams, and the request is canc
 every choice has stopped.
 
 Every field of a request is honoured or refused with a 400 naming it, never silently
-dropped (`check_fields`): OpenAI's fields this server does not implement (penalties,
-`logit_bias`, `best_of`, `suffix`, tools, `response_format`, ...) are accepted only at the
-value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
+dropped (`check_fields`): OpenAI's fields this server does not implement (`best_of`,
+`suffix`, tools, `response_format`, ...) are accepted only at the value that changes
+nothing, fields that only label a request (`user`, `metadata`, ...) are
 accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
 `top_k` and `stop_token_ids` are accepted as vLLM-style extensions. The `model` field is
 accepted and ignored: one model is served.
@@ -51,12 +56,6 @@ class StreamOptions(BaseModel):
 
 LABELS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
 """OpenAI request fields that label a request without changing its output: ignored."""
-
-_PENALTIES_AND_BIAS = {
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}),
-}
 
 
 def _one_shape_error(message: str):
@@ -89,6 +88,10 @@ class _SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = []
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token id (a string, as JSON keys are) -> bias added to its logit."""
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -109,7 +112,7 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    unsupported = {**_PENALTIES_AND_BIAS, "suffix": (None, ""), "best_of": (None, 1)}
+    unsupported = {"suffix": (None, ""), "best_of": (None, 1)}
 
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0)
@@ -153,7 +156,6 @@ class ChatMessageIn(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     unsupported = {
-        **_PENALTIES_AND_BIAS,
         "tools": (None, []),
         "tool_choice": (None, "none"),
         "parallel_tool_calls": (None, True, False),
@@ -241,7 +243,21 @@ def sampling_params(
         seed=request.seed,
         n=request.n,
         top_logprobs=request.top_logprobs_count(),
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        logit_bias=_logit_bias(request),
     )
+
+
+def _logit_bias(request: _SamplingFields) -> dict[int, float]:
+    bias = {}
+    for key, value in (request.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise RequestError("logit_bias", f"logit_bias keys must be token ids, got {key!r}") from None
+        bias[token] = value
+    return bias
 
 
 Prompts = list[tuple[str, list[int]]]

@@ -1,17 +1,18 @@
 """Batched sampling over one decode step's logits, with per-row settings.
 
-Order, as in transformers and vLLM: temperature, then top-k, then top-p over what top-k
-kept. The logprob returned for a sampled token is log softmax(logits / T) at that token,
-before top-k/top-p truncation (T = 1 for greedy rows): the distribution the trainer
-recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
+Order, as in OpenAI, transformers and vLLM: the logit bias and the presence and frequency
+penalties (OpenAI's API only), then temperature, then top-k, then top-p over what top-k
+kept. The logprob returned for a sampled token is log softmax(logits' / T) at that token,
+with logits' the biased and penalised logits, before top-k/top-p truncation (T = 1 for
+greedy rows): without bias and penalties, the distribution the trainer recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
 which draws exactly from the categorical and lets seeded rows draw their own noise. Rows
 that ask for `top_logprobs` also get the most likely tokens of that same distribution.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -28,6 +29,13 @@ class RowSettings:
     """Seeded requests draw from their own generator; others from the engine's."""
     top_logprobs: int = 0
     """How many of the most likely tokens to report with their logprobs."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 class Sampled(NamedTuple):
@@ -41,9 +49,18 @@ class Sampled(NamedTuple):
 
 
 class BatchSampler:
-    """Sampling settings of the running batch as tensors, rebuilt only when the batch changes."""
+    """Sampling settings of the running batch as tensors, rebuilt only when the batch changes.
 
-    def __init__(self, rows: Sequence[RowSettings], device: torch.device | str = "cpu"):
+    Penalised rows count the tokens each has generated: from `generated` (each row's tokens
+    so far) on the first step, then from what this sampler samples, so every sampled token
+    must be appended to its row before the sampler is rebuilt."""
+
+    def __init__(
+        self,
+        rows: Sequence[RowSettings],
+        device: torch.device | str = "cpu",
+        generated: Sequence[Sequence[int]] = (),
+    ):
         # Decided in Python, and tensors built only where rows differ: the batch changes
         # whenever a sequence joins or leaves, so this runs on most steps.
         temperatures = [r.temperature for r in rows]
@@ -62,10 +79,50 @@ class BatchSampler:
             self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
+        biased = [(row, token, bias) for row, r in enumerate(rows) for token, bias in r.logit_bias.items()]
+        self.bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        if biased:
+            rows_of, tokens_of, values = zip(*biased, strict=True)
+            index = (torch.tensor(rows_of, device=device), torch.tensor(tokens_of, device=device))
+            self.bias = (index, torch.tensor(values, dtype=torch.float32, device=device))
+        penalised = [row for row, r in enumerate(rows) if r.penalised]
+        self.penalised: torch.Tensor | None = None
+        if penalised:
+            self.penalised = torch.tensor(penalised, device=device)
+            self.presence = torch.tensor([rows[i].presence_penalty for i in penalised], device=device)[
+                :, None
+            ]
+            self.frequency = torch.tensor([rows[i].frequency_penalty for i in penalised], device=device)[
+                :, None
+            ]
+            self._rows = torch.arange(len(penalised), device=device)
+            self._generated = [list(generated[i]) for i in penalised]
+            self._counts: torch.Tensor | None = None
+            """[penalised rows, V]: how often each has generated each token."""
+
+    def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits with the rows' bias added and their penalties subtracted."""
+        if self.bias is not None:
+            index, values = self.bias
+            logits = logits.index_put(index, values, accumulate=True)
+        if self.penalised is not None:
+            if self._counts is None:
+                self._counts = torch.zeros(len(self._generated), logits.shape[-1], device=logits.device)
+                rows = [row for row, tokens in enumerate(self._generated) for _ in tokens]
+                self._add_counts(rows, [token for tokens in self._generated for token in tokens])
+            counts = self._counts
+            penalty = counts * self.frequency + (counts > 0) * self.presence
+            logits = logits.index_add(0, self.penalised, penalty, alpha=-1)
+        return logits
+
+    def _add_counts(self, rows: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> None:
+        device = self._counts.device
+        index = tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in (rows, tokens))
+        self._counts.index_put_(index, torch.ones(len(index[0]), device=device), accumulate=True)
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> Sampled:
         """logits [B, V] -> the sampled tokens, their logprobs, and the top logprobs asked for."""
-        logits = logits.float()
+        logits = self._adjusted(logits.float())
         scaled = logits / self.temperature if self.scaled else logits
         logprobs = torch.log_softmax(scaled, dim=-1)
         if self.all_greedy:
@@ -80,6 +137,8 @@ class BatchSampler:
             tokens = (candidates - noise.clamp_(min=torch.finfo(noise.dtype).tiny).log()).argmax(dim=-1)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
+        if self.penalised is not None:
+            self._add_counts(self._rows, tokens[self.penalised])
         top = None
         if self.top_logprobs:
             top = logprobs.topk(min(self.top_logprobs, logprobs.shape[-1]), dim=-1)

@@ -372,7 +372,10 @@ class TorchEngineCore:
 
     def _sample(self, logits: torch.Tensor) -> Sampled:
         if self._sampler is None:
-            self._sampler = BatchSampler([s.settings for s in self._running], self.device)
+            running = self._running
+            self._sampler = BatchSampler(
+                [s.settings for s in running], self.device, [s.tokens for s in running]
+            )
         return self._sampler.sample(logits, self._generator)
 
     def _new_samples(self, admission: Admission[_Request]) -> list[_Sample]:
@@ -389,7 +392,14 @@ class TorchEngineCore:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed * 1_000_003 + index)
             settings = RowSettings(
-                params.temperature, params.top_k, params.top_p, generator, params.top_logprobs
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                generator,
+                params.top_logprobs,
+                params.presence_penalty,
+                params.frequency_penalty,
+                params.logit_bias,
             )
             samples.append(
                 _Sample(

@@ -6,7 +6,8 @@ translation functions, unit-tested on CPU) imports without it.
 Semantics against the torch engine:
 - Generation stops only on the request's `stop_token_ids` (`ignore_eos`), and the stop token
   is returned, as with the torch engine.
-- Logprobs come from vLLM's `processed_logprobs` mode: after temperature (T = 1 for greedy).
+- Logprobs come from vLLM's `processed_logprobs` mode: after the logit bias, the penalties
+  and temperature (T = 1 for greedy), as the torch engine's.
   vLLM applies top-k/top-p before computing them, so with top_k/top_p set they are logprobs
   of the truncated distribution, unlike the torch engine (which reports them before truncation).
 - `policy_version_start` is the version when the request was submitted (vLLM reports no
@@ -95,6 +96,9 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "stop_token_ids": list(params.stop_token_ids),
         "ignore_eos": True,
         "seed": params.seed,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "logit_bias": dict(params.logit_bias) or None,
         # The sampled token's logprob, and the most likely tokens' where the request asks.
         "logprobs": params.top_logprobs,
         "detokenize": False,

@@ -82,12 +82,28 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
     assert "inference.max_waiting" in caught.value.body["message"]
 
 
+async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
+    [x] = load_tokenizer(REPO / "configs/tokenizer/lowercase.json").encode("x")
+    forced = {"max_tokens": 6, "temperature": 1.0, "logit_bias": {str(x): 100}, "presence_penalty": 0.5}
+    reply = await client.completions.create(model="reverse_text", prompt="abc", logprobs=0, **forced)
+    assert reply.choices[0].text == "xxxxxx"
+    assert all(logprob > -1e-3 for logprob in reply.choices[0].logprobs.token_logprobs)
+    stream = await client.chat.completions.create(
+        model="reverse_text", messages=MESSAGES, stream=True, frequency_penalty=-2.0, **forced
+    )
+    assert "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices]) == "xxxxxx"
+    for bad, param in [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"logit_bias": {"100000": 5}}, "logit_bias"),
+        ({"logit_bias": {"x": 5}}, "logit_bias"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.completions.create(model="reverse_text", prompt="abc", max_tokens=2, **bad)
+        assert caught.value.body["param"] == param
+
+
 async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client.completions.create(
-            model="reverse_text", prompt="abc", max_tokens=2, presence_penalty=1.0
-        )
-    assert caught.value.body["param"] == "presence_penalty"
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
@@ -101,7 +117,7 @@ async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
     assert caught.value.body["param"] == "repetition_penalty"
     # The values that change nothing are served.
     reply = await client.completions.create(
-        model="reverse_text", prompt="abc", max_tokens=2, presence_penalty=0.0, logit_bias={}, user="bob"
+        model="reverse_text", prompt="abc", max_tokens=2, best_of=1, suffix="", user="bob"
     )
     assert reply.usage.completion_tokens >= 1
 

@@ -42,9 +42,16 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     service = reports.pop("service")
     assert set(reports) == {"qwen3", "gpt2"}
     for report in reports.values():
-        for key in ("sampled_logprob_diff", "greedy_logprob_diff", "score_diff", "updated_logprob_diff"):
+        for key in (
+            "sampled_logprob_diff",
+            "greedy_logprob_diff",
+            "penalised_logprob_diff",
+            "score_diff",
+            "updated_logprob_diff",
+        ):
             assert report[key] < 1e-4, reports
         assert report["greedy_is_argmax"]
+        assert report["penalised_is_adjusted_argmax"] and report["penalised_differs"], reports
         for key in ("top_logprobs", "score_top_logprobs"):
             assert report[key]["same_tokens"] and report[key]["logprob_diff"] < 1e-4, reports
         assert report["streamed_tokens"] == 12 and report["batch_completions"] == 128

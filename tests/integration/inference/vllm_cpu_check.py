@@ -106,6 +106,15 @@ async def check(output_dir: Path, family: str) -> dict:
             prompt, SamplingParams(max_tokens=12, temperature=0.8, n=3, stop_token_ids=[1])
         )
         [greedy] = await engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+        adjusted = SamplingParams(
+            max_tokens=12,
+            temperature=0.0,
+            presence_penalty=0.6,
+            frequency_penalty=0.4,
+            logit_bias={greedy.token_ids[0]: -3.0, 70: 1.5},
+        )
+        [penalised] = await engine.generate(prompt, adjusted)
+        penalised_logprobs = adjusted_logprobs(model, prompt, penalised.token_ids, adjusted)
         [ranked] = await engine.generate(
             prompt, SamplingParams(max_tokens=8, temperature=0.8, top_logprobs=3)
         )
@@ -138,6 +147,15 @@ async def check(output_dir: Path, family: str) -> dict:
             "sampled_logprob_diff": max(max_diff(c, model, prompt, 0.8) for c in sampled),
             "greedy_logprob_diff": max_diff(greedy, model, prompt, 1.0),
             "greedy_is_argmax": greedy.token_ids == greedy_loop(model, prompt, 12),
+            "penalised_is_adjusted_argmax": penalised.token_ids == greedy_loop(model, prompt, 12, adjusted),
+            "penalised_differs": penalised.token_ids != greedy.token_ids,
+            "penalised_logprob_diff": (
+                torch.tensor(penalised.logprobs)
+                - penalised_logprobs.gather(1, torch.tensor(penalised.token_ids)[:, None])[:, 0]
+            )
+            .abs()
+            .max()
+            .item(),
             "top_logprobs": top_logprobs_check(ranked, model, prompt, 0.8, 3),
             "score_top_logprobs": top_logprobs_check(
                 SimpleNamespace(token_ids=greedy.token_ids, top_logprobs=score.top_logprobs),
@@ -271,15 +289,29 @@ async def service_check(output_dir: Path) -> dict:
     }
 
 
-def greedy_loop(model, prompt, steps):
-    ids = list(prompt)
+def greedy_loop(model, prompt, steps, params: SamplingParams | None = None):
+    """Greedy decoding; with `params`, over its biased and penalised logits."""
+    completion: list[int] = []
     for _ in range(steps):
-        with torch.no_grad():
-            logits = model(
-                torch.tensor(ids), torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)]))
-            )
-        ids.append(int(logits[-1].argmax()))
-    return ids[len(prompt) :]
+        completion.append(int(adjusted_logprobs(model, prompt, completion + [0], params)[-1].argmax()))
+    return completion
+
+
+def adjusted_logprobs(model, prompt, completion, params: SamplingParams | None) -> torch.Tensor:
+    """Log-softmax of the logits each completion token was drawn from (temperature 1): the
+    model's, plus `params`' logit bias, less its penalties over the tokens generated before."""
+    ids = torch.tensor(prompt + completion)
+    with torch.no_grad():
+        logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+    logits = logits[len(prompt) - 1 : -1].float().clone()
+    if params is not None:
+        for token, bias in params.logit_bias.items():
+            logits[:, token] += bias
+        counts = torch.zeros(logits.shape[-1])
+        for position, token in enumerate(completion):
+            logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+            counts[token] += 1
+    return torch.log_softmax(logits, -1)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,39 @@ def test_stop_strings_become_stop_token_ids_with_the_end_token(tokenizer):
     assert params.max_tokens == 29
 
 
+def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        logit_bias={"5": 100, "17": -2.5},
+    )
+    request.check_fields()
+    params = sampling_params(request, tokenizer, 3, 32, 4)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.0)
+    assert params.logit_bias == {5: 100.0, 17: -2.5}
+    unset = sampling_params(CompletionRequest(prompt="abc", presence_penalty=None), tokenizer, 3, 32, 4)
+    assert (unset.presence_penalty, unset.frequency_penalty, unset.logit_bias) == (0.0, 0.0, {})
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logit_bias": {"a": 1}}, "logit_bias"),
+        ({"logit_bias": {"128": 1}}, "body.logit_bias"),
+        ({"logit_bias": {"5": 100.5}}, "body.logit_bias"),
+        ({"presence_penalty": 2.5}, "body.presence_penalty"),
+        ({"frequency_penalty": -3}, "body.frequency_penalty"),
+    ],
+)
+def test_a_bad_penalty_or_logit_bias_is_refused_by_name(tokenizer, fields, param):
+    with pytest.raises(RequestError) as caught:
+        sampling_params(CompletionRequest(prompt="abc", **fields), tokenizer, 3, 32, 4).validate(
+            "body", vocab_size=128
+        )
+    assert caught.value.field == param
+
+
 def test_stop_sequences_of_several_tokens_are_left_to_the_text(tokenizer):
     request = CompletionRequest(prompt="abc", stop=["xy", "z"])
     assert long_stop_strings(request, tokenizer) == ["xy"]
@@ -207,8 +240,8 @@ def test_chat_body_carries_text_logprobs_and_usage(tokenizer):
 @pytest.mark.parametrize(
     "fields",
     [
-        {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 2, "n": 2},
-        {"suffix": "", "logit_bias": None, "user": "bob", "metadata": {"run": "7"}},
+        {"best_of": 2, "n": 2},
+        {"suffix": "", "user": "bob", "metadata": {"run": "7"}},
     ],
 )
 def test_unimplemented_fields_that_change_nothing_are_accepted(fields):
@@ -218,9 +251,6 @@ def test_unimplemented_fields_that_change_nothing_are_accepted(fields):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": -1}, "frequency_penalty"),
-        ({"logit_bias": {"5": 100}}, "logit_bias"),
         ({"best_of": 3}, "best_of"),
         ({"suffix": "!"}, "suffix"),
         ({"min_tokens": 4}, "min_tokens"),
@@ -239,7 +269,6 @@ def test_a_completion_field_that_would_be_ignored_is_refused_by_name(fields, par
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
-        ({"logit_bias": {"3": -100}}, "logit_bias"),
     ],
 )
 def test_a_chat_field_that_would_be_ignored_is_refused_by_name(fields, param):

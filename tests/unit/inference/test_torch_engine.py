@@ -114,6 +114,86 @@ async def test_top_logprobs_are_the_most_likely_tokens_of_a_recomputed_forward_p
                 assert [top[0][0] for top in completion.top_logprobs] == completion.token_ids
 
 
+def adjusted_logits(model, prompt: list[int], completion: list[int], params: SamplingParams) -> torch.Tensor:
+    """The logits each completion token was drawn from: the model's, plus the request's logit
+    bias, less its penalties over the tokens generated before that one."""
+    logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1].clone()
+    for token, bias in params.logit_bias.items():
+        logits[:, token] += bias
+    counts = torch.zeros(logits.shape[-1])
+    for position, token in enumerate(completion):
+        logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+        counts[token] += 1
+    return logits
+
+
+def adjusted_argmax_loop(model, prompt: list[int], steps: int, params: SamplingParams) -> list[int]:
+    completion: list[int] = []
+    for _ in range(steps):
+        completion.append(int(adjusted_logits(model, prompt, completion + [0], params)[-1].argmax()))
+    return completion
+
+
+PENALISED = SamplingParams(max_tokens=16, temperature=0.0, presence_penalty=0.4, frequency_penalty=0.3)
+
+
+async def test_greedy_penalised_and_biased_output_equals_a_loop_over_the_adjusted_logits(engine, model):
+    # Penalised, biased and plain rows share the batch; rows finish and join at different
+    # steps, so each penalised row keeps its own counts across every change of the batch.
+    biased = SamplingParams(max_tokens=10, temperature=0.0, logit_bias={17: 0.8, 23: -5.0})
+    settings = [
+        (PROMPTS[0], PENALISED),
+        (PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0)),
+        (PROMPTS[2], biased),
+        (PROMPTS[3], SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=-0.5, n=2)),
+    ]
+    results = await asyncio.gather(*[engine.generate(prompt, params) for prompt, params in settings])
+    late = await engine.generate(PROMPTS[1], PENALISED)
+    for (prompt, params), completions in [
+        *zip(settings, results, strict=True),
+        ((PROMPTS[1], PENALISED), late),
+    ]:
+        expected = adjusted_argmax_loop(model, prompt, params.max_tokens, params)
+        assert all(c.token_ids == expected for c in completions)
+    # Each adjustment changed what was generated.
+    assert results[0][0].token_ids != argmax_loop(model, PROMPTS[0], 16)
+    assert results[2][0].token_ids != argmax_loop(model, PROMPTS[2], 10)
+    assert results[3][0].token_ids != argmax_loop(model, PROMPTS[3], 20)
+
+
+async def test_logprobs_are_under_the_biased_and_penalised_distribution(engine, model):
+    settings = [
+        SamplingParams(max_tokens=20, temperature=0.8, presence_penalty=1.5, frequency_penalty=0.7, n=2),
+        SamplingParams(max_tokens=20, temperature=1.3, top_k=6, logit_bias={9: 2.0, 30: -1.0}),
+        SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=2.0, top_logprobs=3),
+        SamplingParams(max_tokens=20, temperature=0.7),
+    ]
+    results = await asyncio.gather(*[engine.generate(PROMPTS[2], s) for s in settings])
+    for params, completions in zip(settings, results, strict=True):
+        for completion in completions:
+            logits = adjusted_logits(model, PROMPTS[2], completion.token_ids, params)
+            expected = torch.log_softmax(logits / (params.temperature or 1.0), -1)
+            chosen = expected.gather(1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(completion.logprobs), chosen, atol=1e-4, rtol=0)
+            if params.top_logprobs:
+                assert [[t for t, _ in top] for top in completion.top_logprobs] == (
+                    expected.topk(params.top_logprobs, -1).indices.tolist()
+                )
+
+
+async def test_a_large_logit_bias_forces_or_forbids_a_token(engine, model):
+    forcing = SamplingParams(max_tokens=12, temperature=1.0, logit_bias={42: 100.0})
+    [forced] = await engine.generate(PROMPTS[0], forcing)
+    assert forced.token_ids == [42] * 12
+    greedy = argmax_loop(model, PROMPTS[0], 12)
+    forbidden = {token: -100.0 for token in greedy}
+    avoided = await engine.generate(
+        PROMPTS[0], SamplingParams(max_tokens=12, temperature=0.0, n=3, logit_bias=forbidden)
+    )
+    for completion in avoided:
+        assert not set(completion.token_ids) & set(greedy)
+
+
 async def test_streamed_deltas_carry_their_positions_top_logprobs(engine):
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=3, top_logprobs=3)
     [whole] = await engine.generate(PROMPTS[0], params)

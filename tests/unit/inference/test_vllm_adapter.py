@@ -53,10 +53,18 @@ def test_sampling_translation_keeps_the_contract():
         "stop_token_ids": [1, 4],
         "ignore_eos": True,
         "seed": 3,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logit_bias": None,
         "logprobs": 0,
         "detokenize": False,
     }
     assert sampling_kwargs(SamplingParams(max_tokens=2, top_k=5, top_p=0.9))["top_k"] == 5
+    penalised = sampling_kwargs(
+        SamplingParams(max_tokens=2, presence_penalty=0.5, frequency_penalty=-1.0, logit_bias={7: 3.0})
+    )
+    assert (penalised["presence_penalty"], penalised["frequency_penalty"]) == (0.5, -1.0)
+    assert penalised["logit_bias"] == {7: 3.0}
 
 
 def test_engine_args_are_token_in_token_out_with_processed_logprobs(config):
