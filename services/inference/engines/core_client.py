@@ -4,6 +4,13 @@ It numbers requests, turns the core's events back into futures and stream queues
 the status the core reports with every output (so `status()` needs no round trip), and
 records the core's statistics as the `rlrun_inference_*` metrics. Subclasses say how
 commands reach the core (`_send`) and feed the core's outputs to `_deliver`.
+
+Commands reach the core in the order they are dispatched (`_dispatch`). An update's commit
+is dispatched at the event loop's next turn instead of at once (`_dispatch_soon`), with
+every command dispatched after it held behind it: its caller's reply goes out first, before
+the core wakes up to copy the weights in, which on a machine with few cores would otherwise
+take the CPU from that reply. Nothing can overtake the commit, so every request made after
+the update returned is still served by it.
 """
 
 from __future__ import annotations
@@ -94,10 +101,37 @@ class CoreClient(Engine):
         self._waiting_requests = 0
         self._meter = ThroughputMeter()
         self._closed: Exception | None = None
+        self._held: list | None = None
+        """Commands waiting for the loop's next turn (`_dispatch_soon`), in order."""
 
     @abstractmethod
     def _send(self, command) -> None:
         """Hands a command to the core; never blocks the event loop."""
+
+    def _dispatch(self, command) -> None:
+        """Hands `command` to the core after every command dispatched before it."""
+        if self._held is not None:
+            self._held.append(command)
+        else:
+            self._send(command)
+
+    def _dispatch_soon(self, command) -> None:
+        """Hands `command` to the core at the event loop's next turn, still ahead of every
+        command dispatched after it."""
+        if self._held is None:
+            self._held = []
+            asyncio.get_running_loop().call_soon(self._release_held)
+        self._held.append(command)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, None
+        try:
+            for command in held:
+                self._send(command)
+        except (RuntimeError, ConnectionError) as error:
+            # The core is gone: fail every call that waits on it, those held here included.
+            log.error("could not hand held commands to the engine: %s", error)
+            self._close(RuntimeError(f"the engine is not running: {error}"), dead=True)
 
     @abstractmethod
     async def _apply(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
@@ -154,11 +188,12 @@ class CoreClient(Engine):
         self._pending[rid] = waiter
         return rid
 
-    def _post(self, make_command) -> tuple[int, asyncio.Future]:
-        """Sends the command `make_command(rid)` now; the future gets its answer."""
+    def _post(self, make_command, dispatch=None) -> tuple[int, asyncio.Future]:
+        """Dispatches the command `make_command(rid)` (with `dispatch`, default `_dispatch`);
+        the future gets its answer."""
         future = asyncio.get_running_loop().create_future()
         rid = self._open(future)
-        self._send(make_command(rid))
+        (dispatch or self._dispatch)(make_command(rid))
         return rid, future
 
     async def _call(self, make_command):
@@ -185,13 +220,13 @@ class CoreClient(Engine):
     ) -> list[Completion]:
         future = asyncio.get_running_loop().create_future()
         rid = self._open(future)
-        self._send(Submit(rid, list(prompt), params, False, time.perf_counter()))
+        self._dispatch(Submit(rid, list(prompt), params, False, time.perf_counter()))
         try:
             return await future
         except asyncio.CancelledError:
             if self._pending.pop(rid, None) is not None:
                 log.debug("request %r cancelled", request_id)
-                self._send(Cancel(rid))
+                self._dispatch(Cancel(rid))
             raise
 
     async def stream(
@@ -199,7 +234,7 @@ class CoreClient(Engine):
     ) -> AsyncIterator[list[StreamDelta]]:
         queue: asyncio.Queue = asyncio.Queue()
         rid = self._open(queue)
-        self._send(Submit(rid, list(prompt), params, True, time.perf_counter()))
+        self._dispatch(Submit(rid, list(prompt), params, True, time.perf_counter()))
         finished = False
         try:
             while True:
@@ -214,7 +249,7 @@ class CoreClient(Engine):
         finally:
             if not finished and self._pending.pop(rid, None) is not None:
                 log.debug("stream %r closed early", request_id)
-                self._send(Cancel(rid))
+                self._dispatch(Cancel(rid))
 
     async def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         if not (isinstance(tensors, ReceivedTensors) and tensors.layout.expected is self.weight_specs()):
@@ -225,10 +260,11 @@ class CoreClient(Engine):
         return time.perf_counter() - started
 
     def _commit(self, make_command, version: int) -> asyncio.Future:
-        """Sends the update command `make_command(rid)`: committed from here on, since the core
-        handles commands in the order they were sent, so every later request is served by
-        it. The future resolves once the core has copied it in (its apply seconds)."""
-        _, applied = self._post(make_command)
+        """Dispatches the update command `make_command(rid)` at the loop's next turn: committed
+        from here on, since the core handles commands in the order they were dispatched, so
+        every later request is served by it. The future resolves once the core has copied it
+        in (its apply seconds)."""
+        _, applied = self._post(make_command, self._dispatch_soon)
         self._set_version(version)
         applied.add_done_callback(self._update_applied)
         return applied

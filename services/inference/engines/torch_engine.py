@@ -102,7 +102,7 @@ class TorchEngine(CoreClient):
     async def stop(self) -> None:
         if self._thread is None:
             return
-        self._channel.put(Stop())
+        self._dispatch(Stop())
         await asyncio.to_thread(self._thread.join)
         self._thread = None
         self._close(RuntimeError("the engine stopped"), dead=False)

@@ -346,7 +346,7 @@ class TorchEngineProcess(CoreClient):
         self._stopping = True
         if self._reader_task is not None and not self._reader_task.done():
             with contextlib.suppress(RuntimeError, ConnectionError):
-                self._send(Stop())
+                self._dispatch(Stop())
             try:
                 await asyncio.wait_for(asyncio.shield(self._reader_task), _STOP_TIMEOUT_S)
             except TimeoutError:

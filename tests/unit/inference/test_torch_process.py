@@ -175,6 +175,23 @@ async def test_an_update_is_committed_in_order_before_the_engine_copies_it_in():
         await engine.stop()
 
 
+async def test_requests_made_right_after_an_update_returns_are_served_by_it():
+    """The update reaches the engine process at the loop's next turn; a request made in the
+    same turn must still go after it."""
+    config = engine_config()
+    other = build_model(engine_config(seed=11).model)
+    engine = TorchEngineProcess(config)
+    await engine.start()
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    try:
+        await engine.update_weights(broadcast_tensors(other), 1)
+        [after] = await engine.generate([5, 6, 7, 8], greedy)  # in the update's turn of the loop
+        assert after.token_ids == argmax_loop(other, [5, 6, 7, 8], 12)
+        assert after.policy_version_start == 1
+    finally:
+        await engine.stop()
+
+
 async def test_a_dead_engine_process_fails_open_requests_and_reports_itself():
     engine = TorchEngineProcess(engine_config())
     died = asyncio.get_running_loop().create_future()
