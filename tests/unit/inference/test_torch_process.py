@@ -192,6 +192,23 @@ async def test_requests_made_right_after_an_update_returns_are_served_by_it():
         await engine.stop()
 
 
+async def test_commands_held_behind_an_update_fail_loudly_when_the_engine_is_gone():
+    engine = TorchEngineProcess(engine_config())
+    died = asyncio.get_running_loop().create_future()
+    engine.on_dead = died.set_result
+    await engine.start()
+    try:
+        await engine.update_weights(broadcast_tensors(build_model(engine_config(seed=11).model)), 1)
+        engine._writer.close()  # before the loop's next turn hands the update over
+        with pytest.raises(RuntimeError, match="not running"):
+            await engine.generate([5, 6], SamplingParams(max_tokens=4))
+        assert "not running" in str(await asyncio.wait_for(died, 30))
+        with pytest.raises(RuntimeError, match="not running"):
+            await engine._staged
+    finally:
+        await engine.stop()
+
+
 async def test_a_dead_engine_process_fails_open_requests_and_reports_itself():
     engine = TorchEngineProcess(engine_config())
     died = asyncio.get_running_loop().create_future()
