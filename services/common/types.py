@@ -59,9 +59,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     """Subtracted from a token's logit once per time the sample has generated it so far."""
     logit_bias: dict[int, float] = field(default_factory=dict)
-    """Added to the logits of these token ids.
+    """Added to the logits of these token ids."""
+    repetition_penalty: float = 1.0
+    """vLLM's and transformers': the logit of every token in the prompt or generated so far
+    is divided by it where positive, multiplied by it where negative (1: no penalty).
 
-    These three change the logits before temperature, as OpenAI defines them, so the
+    These four change the logits before temperature (the bias, then this, then the presence
+    and frequency penalties, as vLLM applies them), so the
     distribution sampled from (and the logprobs returned) is no longer the model's; they are
     set by the OpenAI-compatible API only. The gRPC SamplingParams has no such fields: the
     trainer recomputes the model's own distribution, and tokens sampled from another would
@@ -111,6 +115,11 @@ class SamplingParams:
                     f"{where}.{name}",
                     f"{where}.{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}",
                 )
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise WireError(
+                f"{where}.repetition_penalty",
+                f"{where}.repetition_penalty must be a finite number > 0, got {self.repetition_penalty}",
+            )
         for token, bias in self.logit_bias.items():
             if vocab_size is not None and not 0 <= token < vocab_size:
                 raise WireError(

@@ -5,7 +5,7 @@ A completion's `prompt` is a string, a list of token ids, or a batch of either; 
 
 `logit_bias` (token id -> bias), `presence_penalty` and `frequency_penalty` change the logits
 before temperature, as OpenAI defines them: the penalties count the tokens the choice has
-generated so far, not its prompt.
+generated so far, not its prompt. vLLM's `repetition_penalty` also covers the prompt.
 
 Logprobs (`logprobs` of a completion, `logprobs` / `top_logprobs` of a chat) are under the
 distribution sampled from, softmax(logits' / T) with logits' the biased and penalised
@@ -27,8 +27,8 @@ dropped (`check_fields`): OpenAI's fields this server does not implement (`best_
 `suffix`, tools, `response_format`, ...) are accepted only at the value that changes
 nothing, fields that only label a request (`user`, `metadata`, ...) are
 accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
-`top_k` and `stop_token_ids` are accepted as vLLM-style extensions. The `model` field is
-accepted and ignored: one model is served.
+`top_k`, `stop_token_ids` and `repetition_penalty` are accepted as vLLM-style extensions. The
+`model` field is accepted and ignored: one model is served.
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     """Token id (a string, as JSON keys are) -> bias added to its logit."""
+    repetition_penalty: float | None = None
+    """vLLM's extension: divides (multiplies, where negative) the logits of the tokens in the
+    prompt or generated so far."""
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -246,6 +249,7 @@ def sampling_params(
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         logit_bias=_logit_bias(request),
+        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
     )
 
 

@@ -1,8 +1,8 @@
 """Batched sampling over one decode step's logits, with per-row settings.
 
-Order, as in OpenAI, transformers and vLLM: the logit bias and the presence and frequency
-penalties (OpenAI's API only), then temperature, then top-k, then top-p over what top-k
-kept. The logprob returned for a sampled token is log softmax(logits' / T) at that token,
+Order, as in vLLM: the logit bias, the repetition penalty, the presence and frequency
+penalties (these four from the OpenAI-compatible API only), then temperature, then top-k,
+then top-p over what top-k kept. The logprob returned for a sampled token is log softmax(logits' / T) at that token,
 with logits' the biased and penalised logits, before top-k/top-p truncation (T = 1 for
 greedy rows): without bias and penalties, the distribution the trainer recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
 which draws exactly from the categorical and lets seeded rows draw their own noise. Rows
@@ -32,10 +32,11 @@ class RowSettings:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
+    repetition_penalty: float = 1.0
 
     @property
     def penalised(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 class Sampled(NamedTuple):
@@ -53,13 +54,15 @@ class BatchSampler:
 
     Penalised rows count the tokens each has generated: from `generated` (each row's tokens
     so far) on the first step, then from what this sampler samples, so every sampled token
-    must be appended to its row before the sampler is rebuilt."""
+    must be appended to its row before the sampler is rebuilt. The repetition penalty also
+    reads each row's prompt (`prompts`)."""
 
     def __init__(
         self,
         rows: Sequence[RowSettings],
         device: torch.device | str = "cpu",
         generated: Sequence[Sequence[int]] = (),
+        prompts: Sequence[Sequence[int]] = (),
     ):
         # Decided in Python, and tensors built only where rows differ: the batch changes
         # whenever a sequence joins or leaves, so this runs on most steps.
@@ -99,6 +102,12 @@ class BatchSampler:
             self._generated = [list(generated[i]) for i in penalised]
             self._counts: torch.Tensor | None = None
             """[penalised rows, V]: how often each has generated each token."""
+            repetition = [rows[i].repetition_penalty for i in penalised]
+            self.repetition: torch.Tensor | None = None
+            if any(r != 1 for r in repetition):
+                self.repetition = torch.tensor(repetition, device=device)[:, None]
+                self._prompts = [prompts[i] for i in penalised]
+                self._in_prompt: torch.Tensor | None = None
 
     def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits with the rows' bias added and their penalties subtracted."""
@@ -111,8 +120,16 @@ class BatchSampler:
                 rows = [row for row, tokens in enumerate(self._generated) for _ in tokens]
                 self._add_counts(rows, [token for tokens in self._generated for token in tokens])
             counts = self._counts
-            penalty = counts * self.frequency + (counts > 0) * self.presence
-            logits = logits.index_add(0, self.penalised, penalty, alpha=-1)
+            rows = logits.index_select(0, self.penalised)
+            if self.repetition is not None:
+                if self._in_prompt is None:
+                    self._in_prompt = torch.zeros_like(counts, dtype=torch.bool)
+                    for row, prompt in enumerate(self._prompts):
+                        self._in_prompt[row, list(prompt)] = True
+                factor = torch.where(rows > 0, 1 / self.repetition, self.repetition)
+                rows = torch.where(self._in_prompt | (counts > 0), rows * factor, rows)
+            rows = rows - counts * self.frequency - (counts > 0) * self.presence
+            logits = logits.index_copy(0, self.penalised, rows)
         return logits
 
     def _add_counts(self, rows: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> None:

@@ -374,7 +374,10 @@ class TorchEngineCore:
         if self._sampler is None:
             running = self._running
             self._sampler = BatchSampler(
-                [s.settings for s in running], self.device, [s.tokens for s in running]
+                [s.settings for s in running],
+                self.device,
+                [s.tokens for s in running],
+                [s.request.prompt for s in running],
             )
         return self._sampler.sample(logits, self._generator)
 
@@ -400,6 +403,7 @@ class TorchEngineCore:
                 params.presence_penalty,
                 params.frequency_penalty,
                 params.logit_bias,
+                params.repetition_penalty,
             )
             samples.append(
                 _Sample(

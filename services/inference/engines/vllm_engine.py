@@ -99,6 +99,7 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
         "logit_bias": dict(params.logit_bias) or None,
+        "repetition_penalty": params.repetition_penalty,
         # The sampled token's logprob, and the most likely tokens' where the request asks.
         "logprobs": params.top_logprobs,
         "detokenize": False,

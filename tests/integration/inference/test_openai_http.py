@@ -84,7 +84,13 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
 
 async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
     [x] = load_tokenizer(REPO / "configs/tokenizer/lowercase.json").encode("x")
-    forced = {"max_tokens": 6, "temperature": 1.0, "logit_bias": {str(x): 100}, "presence_penalty": 0.5}
+    forced = {
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "logit_bias": {str(x): 100},
+        "presence_penalty": 0.5,
+        "extra_body": {"repetition_penalty": 1.2},
+    }
     reply = await client.completions.create(model="reverse_text", prompt="abc", logprobs=0, **forced)
     assert reply.choices[0].text == "xxxxxx"
     assert all(logprob > -1e-3 for logprob in reply.choices[0].logprobs.token_logprobs)
@@ -95,6 +101,7 @@ async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
     for bad, param in [
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"extra_body": {"repetition_penalty": -1.0}}, "repetition_penalty"),
         ({"logit_bias": {"100000": 5}}, "logit_bias"),
         ({"logit_bias": {"x": 5}}, "logit_bias"),
     ]:
@@ -112,9 +119,9 @@ async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
     assert caught.value.body["param"] == "tools"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(
-            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"repetition_penalty": 1.2}
+            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_p": 0.1}
         )
-    assert caught.value.body["param"] == "repetition_penalty"
+    assert caught.value.body["param"] == "min_p"
     # The values that change nothing are served.
     reply = await client.completions.create(
         model="reverse_text", prompt="abc", max_tokens=2, best_of=1, suffix="", user="bob"

@@ -111,6 +111,7 @@ async def check(output_dir: Path, family: str) -> dict:
             temperature=0.0,
             presence_penalty=0.6,
             frequency_penalty=0.4,
+            repetition_penalty=1.3,
             logit_bias={greedy.token_ids[0]: -3.0, 70: 1.5},
         )
         [penalised] = await engine.generate(prompt, adjusted)
@@ -299,7 +300,8 @@ def greedy_loop(model, prompt, steps, params: SamplingParams | None = None):
 
 def adjusted_logprobs(model, prompt, completion, params: SamplingParams | None) -> torch.Tensor:
     """Log-softmax of the logits each completion token was drawn from (temperature 1): the
-    model's, plus `params`' logit bias, less its penalties over the tokens generated before."""
+    model's, plus `params`' logit bias, then its repetition penalty over the prompt and the
+    tokens generated before, less its presence and frequency penalties over those generated."""
     ids = torch.tensor(prompt + completion)
     with torch.no_grad():
         logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
@@ -308,7 +310,13 @@ def adjusted_logprobs(model, prompt, completion, params: SamplingParams | None) 
         for token, bias in params.logit_bias.items():
             logits[:, token] += bias
         counts = torch.zeros(logits.shape[-1])
+        in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        in_prompt[prompt] = True
         for position, token in enumerate(completion):
+            seen = in_prompt | (counts > 0)
+            row = logits[position]
+            factor = torch.where(row > 0, 1 / params.repetition_penalty, params.repetition_penalty)
+            logits[position] = torch.where(seen, row * factor, row)
             logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
             counts[token] += 1
     return torch.log_softmax(logits, -1)

@@ -56,13 +56,15 @@ def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
         presence_penalty=0.5,
         frequency_penalty=-1,
         logit_bias={"5": 100, "17": -2.5},
+        repetition_penalty=1.3,
     )
     request.check_fields()
     params = sampling_params(request, tokenizer, 3, 32, 4)
-    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.0)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.3)
     assert params.logit_bias == {5: 100.0, 17: -2.5}
     unset = sampling_params(CompletionRequest(prompt="abc", presence_penalty=None), tokenizer, 3, 32, 4)
     assert (unset.presence_penalty, unset.frequency_penalty, unset.logit_bias) == (0.0, 0.0, {})
+    assert unset.repetition_penalty == 1.0
 
 
 @pytest.mark.parametrize(
@@ -73,6 +75,7 @@ def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
         ({"logit_bias": {"5": 100.5}}, "body.logit_bias"),
         ({"presence_penalty": 2.5}, "body.presence_penalty"),
         ({"frequency_penalty": -3}, "body.frequency_penalty"),
+        ({"repetition_penalty": 0}, "body.repetition_penalty"),
     ],
 )
 def test_a_bad_penalty_or_logit_bias_is_refused_by_name(tokenizer, fields, param):

@@ -116,12 +116,19 @@ async def test_top_logprobs_are_the_most_likely_tokens_of_a_recomputed_forward_p
 
 def adjusted_logits(model, prompt: list[int], completion: list[int], params: SamplingParams) -> torch.Tensor:
     """The logits each completion token was drawn from: the model's, plus the request's logit
-    bias, less its penalties over the tokens generated before that one."""
+    bias, then its repetition penalty over the prompt and the tokens generated before that
+    one, less its presence and frequency penalties over those generated."""
     logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1].clone()
     for token, bias in params.logit_bias.items():
         logits[:, token] += bias
     counts = torch.zeros(logits.shape[-1])
+    in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    in_prompt[prompt] = True
     for position, token in enumerate(completion):
+        seen = in_prompt | (counts > 0)
+        row = logits[position]
+        factor = torch.where(row > 0, 1 / params.repetition_penalty, params.repetition_penalty)
+        logits[position] = torch.where(seen, row * factor, row)
         logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
         counts[token] += 1
     return logits
@@ -146,6 +153,7 @@ async def test_greedy_penalised_and_biased_output_equals_a_loop_over_the_adjuste
         (PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0)),
         (PROMPTS[2], biased),
         (PROMPTS[3], SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=-0.5, n=2)),
+        (PROMPTS[2], SamplingParams(max_tokens=14, temperature=0.0, repetition_penalty=1.8)),
     ]
     results = await asyncio.gather(*[engine.generate(prompt, params) for prompt, params in settings])
     late = await engine.generate(PROMPTS[1], PENALISED)
@@ -159,6 +167,7 @@ async def test_greedy_penalised_and_biased_output_equals_a_loop_over_the_adjuste
     assert results[0][0].token_ids != argmax_loop(model, PROMPTS[0], 16)
     assert results[2][0].token_ids != argmax_loop(model, PROMPTS[2], 10)
     assert results[3][0].token_ids != argmax_loop(model, PROMPTS[3], 20)
+    assert results[4][0].token_ids != argmax_loop(model, PROMPTS[2], 14)
 
 
 async def test_logprobs_are_under_the_biased_and_penalised_distribution(engine, model):
@@ -166,6 +175,8 @@ async def test_logprobs_are_under_the_biased_and_penalised_distribution(engine, 
         SamplingParams(max_tokens=20, temperature=0.8, presence_penalty=1.5, frequency_penalty=0.7, n=2),
         SamplingParams(max_tokens=20, temperature=1.3, top_k=6, logit_bias={9: 2.0, 30: -1.0}),
         SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=2.0, top_logprobs=3),
+        SamplingParams(max_tokens=20, temperature=0.9, repetition_penalty=1.5, presence_penalty=-0.5),
+        SamplingParams(max_tokens=20, temperature=1.1, repetition_penalty=0.7, n=2),
         SamplingParams(max_tokens=20, temperature=0.7),
     ]
     results = await asyncio.gather(*[engine.generate(PROMPTS[2], s) for s in settings])

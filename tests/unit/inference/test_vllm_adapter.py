@@ -56,13 +56,21 @@ def test_sampling_translation_keeps_the_contract():
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "logit_bias": None,
+        "repetition_penalty": 1.0,
         "logprobs": 0,
         "detokenize": False,
     }
     assert sampling_kwargs(SamplingParams(max_tokens=2, top_k=5, top_p=0.9))["top_k"] == 5
     penalised = sampling_kwargs(
-        SamplingParams(max_tokens=2, presence_penalty=0.5, frequency_penalty=-1.0, logit_bias={7: 3.0})
+        SamplingParams(
+            max_tokens=2,
+            presence_penalty=0.5,
+            frequency_penalty=-1.0,
+            logit_bias={7: 3.0},
+            repetition_penalty=1.2,
+        )
     )
+    assert penalised["repetition_penalty"] == 1.2
     assert (penalised["presence_penalty"], penalised["frequency_penalty"]) == (0.5, -1.0)
     assert penalised["logit_bias"] == {7: 3.0}
 
