@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from reference_sampling import adjusted_logits
 
 from rlrun.bench.services import free_port, start_service, stop_service
 from rlrun.common.config import load_config
@@ -300,25 +301,13 @@ def greedy_loop(model, prompt, steps, params: SamplingParams | None = None):
 
 def adjusted_logprobs(model, prompt, completion, params: SamplingParams | None) -> torch.Tensor:
     """Log-softmax of the logits each completion token was drawn from (temperature 1): the
-    model's, plus `params`' logit bias, then its repetition penalty over the prompt and the
-    tokens generated before, less its presence and frequency penalties over those generated."""
+    model's, adjusted as `params` asks (`reference_sampling`)."""
     ids = torch.tensor(prompt + completion)
     with torch.no_grad():
         logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
-    logits = logits[len(prompt) - 1 : -1].float().clone()
+    logits = logits[len(prompt) - 1 : -1].float()
     if params is not None:
-        for token, bias in params.logit_bias.items():
-            logits[:, token] += bias
-        counts = torch.zeros(logits.shape[-1])
-        in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        in_prompt[prompt] = True
-        for position, token in enumerate(completion):
-            seen = in_prompt | (counts > 0)
-            row = logits[position]
-            factor = torch.where(row > 0, 1 / params.repetition_penalty, params.repetition_penalty)
-            logits[position] = torch.where(seen, row * factor, row)
-            logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
-            counts[token] += 1
+        logits = adjusted_logits(logits, prompt, completion, params)
     return torch.log_softmax(logits, -1)
 
 

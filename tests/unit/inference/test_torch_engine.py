@@ -14,6 +14,7 @@ from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
 from rlrun.inference.engines.torch_engine import TorchEngine
 
+from ...integration.inference import reference_sampling
 from .conftest import MAX_MODEL_LEN, tiny_model
 
 
@@ -115,23 +116,9 @@ async def test_top_logprobs_are_the_most_likely_tokens_of_a_recomputed_forward_p
 
 
 def adjusted_logits(model, prompt: list[int], completion: list[int], params: SamplingParams) -> torch.Tensor:
-    """The logits each completion token was drawn from: the model's, plus the request's logit
-    bias, then its repetition penalty over the prompt and the tokens generated before that
-    one, less its presence and frequency penalties over those generated."""
-    logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1].clone()
-    for token, bias in params.logit_bias.items():
-        logits[:, token] += bias
-    counts = torch.zeros(logits.shape[-1])
-    in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
-    in_prompt[prompt] = True
-    for position, token in enumerate(completion):
-        seen = in_prompt | (counts > 0)
-        row = logits[position]
-        factor = torch.where(row > 0, 1 / params.repetition_penalty, params.repetition_penalty)
-        logits[position] = torch.where(seen, row * factor, row)
-        logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
-        counts[token] += 1
-    return logits
+    """The logits each completion token was drawn from."""
+    logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1]
+    return reference_sampling.adjusted_logits(logits, prompt, completion, params)
 
 
 def adjusted_argmax_loop(model, prompt: list[int], steps: int, params: SamplingParams) -> list[int]:

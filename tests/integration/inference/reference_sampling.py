@@ -1,0 +1,25 @@
+"""The reference for what the engines sample from, written out position by position: shared by
+the torch engine's unit tests and the vLLM check (which runs as a script from another venv)."""
+
+import torch
+
+
+def adjusted_logits(logits: torch.Tensor, prompt: list[int], completion: list[int], params) -> torch.Tensor:
+    """`logits` [len(completion), V], the model's for each completion token, as the request's
+    `params` (a SamplingParams) adjusted them: plus its logit bias, then its repetition penalty
+    over the prompt and the tokens generated before that one, less its presence and frequency
+    penalties over those generated."""
+    logits = logits.float().clone()
+    for token, bias in params.logit_bias.items():
+        logits[:, token] += bias
+    counts = torch.zeros(logits.shape[-1])
+    in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    in_prompt[prompt] = True
+    for position, token in enumerate(completion):
+        seen = in_prompt | (counts > 0)
+        row = logits[position]
+        factor = torch.where(row > 0, 1 / params.repetition_penalty, params.repetition_penalty)
+        logits[position] = torch.where(seen, row * factor, row)
+        logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+        counts[token] += 1
+    return logits
