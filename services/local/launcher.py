@@ -6,12 +6,14 @@ when any child dies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlrun.common.config import RunConfig
@@ -114,6 +116,24 @@ class LocalRun:
                 await asyncio.sleep(0.25)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt wherever the launcher is, its event
+    loop included. asyncio.run's own Ctrl-C handling only cancels its main task, once, and a
+    cancellation that an awaited library swallows would leave the run going (seen once in CI,
+    under load: the run went on for a minute after Ctrl-C)."""
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_local(config: RunConfig, config_path: Path, overrides: list[str], progress: bool = True) -> int:
     started = time.monotonic()
     run = LocalRun(config, config_path, overrides)
@@ -124,26 +144,22 @@ def run_local(config: RunConfig, config_path: Path, overrides: list[str], progre
         file=sys.stderr,
     )
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
     bar = RunProgress(config, enabled=progress)
-    try:
-        address = run.start_services()
-        status = asyncio.run(run.follow(address, bar))
-    except ChildFailed as error:
-        bar.close()
-        print(f"rlrun local: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        bar.close()
-        print("rlrun local: interrupted; stopping all services", file=sys.stderr)
-        return 130
-    finally:
-        bar.close()
-        run.group.stop()
-        signal.signal(signal.SIGTERM, previous)
+    with interrupts_raise():
+        try:
+            address = run.start_services()
+            status = asyncio.run(run.follow(address, bar))
+        except ChildFailed as error:
+            bar.close()
+            print(f"rlrun local: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            bar.close()
+            print("rlrun local: interrupted; stopping all services", file=sys.stderr)
+            return 130
+        finally:
+            bar.close()
+            run.group.stop()
     wall_s = time.monotonic() - started
     plot = write_reward_plot(run.run_dir)
     if plot is not None:
