@@ -30,6 +30,7 @@ from rlrun.inference.openai_protocol import (
     CompletionRequest,
     Echo,
     TextStream,
+    best_of_each,
     chat_body,
     chat_logprobs,
     chat_prompts,
@@ -210,7 +211,7 @@ def build_openai_app(
                 )
             generate = generator(body)
             results = await all_or_nothing([generate(prompt, params) for prompt, params in requests])
-            completions = [completion for result in results for completion in result]
+            completions = [completion for result in results for completion in best_of_each(result, body.n)]
             return full_body(body, tokenizer, model_id, prompt_tokens, completions)
 
         return answer
@@ -260,7 +261,7 @@ def build_openai_app(
                 for _, params in requests
             ]
         choices = [echo for echo in echoes for _ in range(body.n)]
-        completions = [completion for result in per_prompt for completion in result]
+        completions = [completion for result in per_prompt for completion in best_of_each(result, body.n)]
         return completion_body(body, tokenizer, model_id, prompt_tokens, completions, choices)
 
     @app.post("/v1/completions")

@@ -1,7 +1,9 @@
 """OpenAI-compatible request models and response bodies (pure: no FastAPI, no engine).
 
 A completion's `prompt` is a string, a list of token ids, or a batch of either; choice
-`i * n + j` of the answer is sample j of prompt i, as in OpenAI's API.
+`i * n + j` of the answer is sample j of prompt i, as in OpenAI's API. With `best_of` > n,
+`best_of` samples are drawn per prompt and the n with the highest logprob per token are
+answered, best first (not streamed; `usage` counts the answered ones, as vLLM does).
 
 `logit_bias` (token id -> bias), `presence_penalty` and `frequency_penalty` change the logits
 before temperature, as OpenAI defines them: the penalties count the tokens the choice has
@@ -23,9 +25,8 @@ itself; longer ones are found in the text as it streams, and the request is canc
 every choice has stopped.
 
 Every field of a request is honoured or refused with a 400 naming it, never silently
-dropped (`check_fields`): OpenAI's fields this server does not implement (`best_of`,
-`suffix`, tools, `response_format`, ...) are accepted only at the value that changes
-nothing, fields that only label a request (`user`, `metadata`, ...) are
+dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`, tools,
+`response_format`, ...) are accepted only at the value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
 accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
 `top_k`, `stop_token_ids` and `repetition_penalty` are accepted as vLLM-style extensions. The
 `model` field is accepted and ignored: one model is served.
@@ -113,17 +114,30 @@ class _SamplingFields(BaseModel):
     def _changes_nothing(self, name: str, value: Any) -> bool:
         return value is None or value in self.unsupported[name]
 
+    def samples_per_prompt(self) -> int:
+        """How many samples the engine draws for each prompt."""
+        return self.n
+
 
 class CompletionRequest(_SamplingFields):
-    unsupported = {"suffix": (None, ""), "best_of": (None, 1)}
+    unsupported = {"suffix": (None, "")}
 
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
+    best_of: int | None = None
+    """Samples drawn per prompt, of which the `n` best (`best_of_each`) are answered."""
 
-    def _changes_nothing(self, name: str, value: Any) -> bool:
-        # best_of = n picks the n best of n samples: all of them.
-        return (name == "best_of" and value == self.n) or super()._changes_nothing(name, value)
+    def samples_per_prompt(self) -> int:
+        if self.best_of is None or self.best_of == self.n:
+            return self.n
+        if self.best_of < self.n:
+            raise RequestError("best_of", f"best_of must be >= n ({self.n}), got {self.best_of}")
+        if self.stream:
+            raise RequestError(
+                "best_of", "best_of > n cannot be streamed: the best are known only at the end"
+            )
+        return self.best_of
 
     def top_logprobs_count(self) -> int:
         """How many alternatives each position reports: `logprobs` (0 or unset: none)."""
@@ -244,7 +258,7 @@ def sampling_params(
         top_k=request.top_k,
         stop_token_ids=_stop_token_ids(request, tokenizer),
         seed=request.seed,
-        n=request.n,
+        n=request.samples_per_prompt(),
         top_logprobs=request.top_logprobs_count(),
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
@@ -422,6 +436,15 @@ def chat_logprobs(
         for token, logprob, position in zip(token_ids, logprobs, tops, strict=True)
     ]
     return {"content": content}
+
+
+def best_of_each(completions: Sequence[Completion], n: int) -> list[Completion]:
+    """The `n` completions of one prompt with the highest logprob per token (OpenAI's `best_of`),
+    best first; all of them, in order, when there are `n`."""
+    if len(completions) == n:
+        return list(completions)
+    ranked = sorted(completions, key=lambda c: sum(c.logprobs) / max(1, len(c.logprobs)), reverse=True)
+    return ranked[:n]
 
 
 def usage(prompt_tokens: int, generated: int) -> dict:

@@ -110,6 +110,28 @@ async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
         assert caught.value.body["param"] == param
 
 
+async def test_best_of_answers_the_best_of_the_same_seeded_samples(client):
+    settings = {
+        "model": "reverse_text",
+        "prompt": ["abc", "hello"],
+        "max_tokens": 6,
+        "logprobs": 0,
+        "seed": 7,
+    }
+    every = await client.completions.create(n=5, temperature=1.5, **settings)
+    best = await client.completions.create(n=2, best_of=5, temperature=1.5, **settings)
+
+    def per_token(choice) -> float:
+        return sum(choice.logprobs.token_logprobs) / len(choice.logprobs.token_logprobs)
+
+    for prompt in range(2):
+        samples = sorted(every.choices[prompt * 5 : prompt * 5 + 5], key=per_token, reverse=True)
+        kept = best.choices[prompt * 2 : prompt * 2 + 2]
+        assert [c.text for c in kept] == [c.text for c in samples[:2]]
+    assert [c.index for c in best.choices] == [0, 1, 2, 3]
+    assert best.usage.completion_tokens == sum(len(c.logprobs.token_logprobs) for c in best.choices)
+
+
 async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     with pytest.raises(openai.BadRequestError) as caught:

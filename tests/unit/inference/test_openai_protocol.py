@@ -11,6 +11,7 @@ from rlrun.inference.openai_protocol import (
     CompletionRequest,
     Echo,
     TextStream,
+    best_of_each,
     chat_body,
     chat_prompts,
     completion_body,
@@ -84,6 +85,27 @@ def test_a_bad_penalty_or_logit_bias_is_refused_by_name(tokenizer, fields, param
             "body", vocab_size=128
         )
     assert caught.value.field == param
+
+
+def test_best_of_draws_more_samples_and_keeps_the_best_per_token(tokenizer):
+    request = CompletionRequest(prompt="abc", n=2, best_of=4)
+    request.check_fields()
+    assert sampling_params(request, tokenizer, 3, 32, 4).n == 4
+    samples = [
+        Completion([1, 2], [-1.0, -1.0], "length", 0, 0),
+        Completion([3], [-0.5], "stop", 0, 0),
+        Completion([4, 5, 6], [-0.1, -0.2, -0.3], "length", 0, 0),
+        Completion([7, 8], [-3.0, -0.1], "length", 0, 0),
+    ]
+    assert [c.token_ids for c in best_of_each(samples, 2)] == [[4, 5, 6], [3]]
+    assert best_of_each(samples[:2], 2) == samples[:2]  # n of n: all, in order
+
+
+@pytest.mark.parametrize("fields", [{"n": 3, "best_of": 2}, {"n": 1, "best_of": 3, "stream": True}])
+def test_best_of_below_n_or_streamed_is_refused(tokenizer, fields):
+    with pytest.raises(RequestError) as caught:
+        sampling_params(CompletionRequest(prompt="abc", **fields), tokenizer, 3, 32, 4)
+    assert caught.value.field == "best_of"
 
 
 def test_stop_sequences_of_several_tokens_are_left_to_the_text(tokenizer):
@@ -254,7 +276,6 @@ def test_unimplemented_fields_that_change_nothing_are_accepted(fields):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"best_of": 3}, "best_of"),
         ({"suffix": "!"}, "suffix"),
         ({"min_tokens": 4}, "min_tokens"),
     ],
