@@ -71,6 +71,13 @@ class SamplingParams:
     trainer recomputes the model's own distribution, and tokens sampled from another would
     only be masked as off-policy."""
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the distribution sampled from differs from the model's (before temperature)."""
+        return bool(
+            self.logit_bias or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+        )
+
     def validate(
         self,
         where: str = "sampling",

@@ -11,11 +11,25 @@ that ask for `top_logprobs` also get the most likely tokens of that same distrib
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+
+
+@dataclass(frozen=True)
+class LogitAdjustments:
+    """What a row changes in its logits before temperature (OpenAI's API only)."""
+
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 @dataclass(frozen=True)
@@ -29,14 +43,12 @@ class RowSettings:
     """Seeded requests draw from their own generator; others from the engine's."""
     top_logprobs: int = 0
     """How many of the most likely tokens to report with their logprobs."""
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
-    repetition_penalty: float = 1.0
+    adjustments: LogitAdjustments | None = None
+    """None for the model's own logits, as training asks."""
 
-    @property
-    def penalised(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+History = Callable[[int], tuple[Sequence[int], Sequence[int]]]
+"""Row -> (its prompt, the tokens it has generated so far)."""
 
 
 class Sampled(NamedTuple):
@@ -51,18 +63,10 @@ class Sampled(NamedTuple):
 
 class BatchSampler:
     """Sampling settings of the running batch as tensors, rebuilt only when the batch changes.
-
-    Penalised rows count the tokens each has generated: from `generated` (each row's tokens
-    so far) on the first step, then from what this sampler samples, so every sampled token
-    must be appended to its row before the sampler is rebuilt. The repetition penalty also
-    reads each row's prompt (`prompts`)."""
+    `history` is read only for rows that adjust their logits (`LogitAdjuster`)."""
 
     def __init__(
-        self,
-        rows: Sequence[RowSettings],
-        device: torch.device | str = "cpu",
-        generated: Sequence[Sequence[int]] = (),
-        prompts: Sequence[Sequence[int]] = (),
+        self, rows: Sequence[RowSettings], device: torch.device | str = "cpu", history: History | None = None
     ):
         # Decided in Python, and tensors built only where rows differ: the batch changes
         # whenever a sequence joins or leaves, so this runs on most steps.
@@ -82,64 +86,14 @@ class BatchSampler:
             self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
-        biased = [(row, token, bias) for row, r in enumerate(rows) for token, bias in r.logit_bias.items()]
-        self.bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-        if biased:
-            rows_of, tokens_of, values = zip(*biased, strict=True)
-            index = (torch.tensor(rows_of, device=device), torch.tensor(tokens_of, device=device))
-            self.bias = (index, torch.tensor(values, dtype=torch.float32, device=device))
-        penalised = [row for row, r in enumerate(rows) if r.penalised]
-        self.penalised: torch.Tensor | None = None
-        if penalised:
-            self.penalised = torch.tensor(penalised, device=device)
-            self.presence = torch.tensor([rows[i].presence_penalty for i in penalised], device=device)[
-                :, None
-            ]
-            self.frequency = torch.tensor([rows[i].frequency_penalty for i in penalised], device=device)[
-                :, None
-            ]
-            self._rows = torch.arange(len(penalised), device=device)
-            self._generated = [list(generated[i]) for i in penalised]
-            self._counts: torch.Tensor | None = None
-            """[penalised rows, V]: how often each has generated each token."""
-            repetition = [rows[i].repetition_penalty for i in penalised]
-            self.repetition: torch.Tensor | None = None
-            if any(r != 1 for r in repetition):
-                self.repetition = torch.tensor(repetition, device=device)[:, None]
-                self._prompts = [prompts[i] for i in penalised]
-                self._in_prompt: torch.Tensor | None = None
-
-    def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
-        """The logits with the rows' bias added and their penalties subtracted."""
-        if self.bias is not None:
-            index, values = self.bias
-            logits = logits.index_put(index, values, accumulate=True)
-        if self.penalised is not None:
-            if self._counts is None:
-                self._counts = torch.zeros(len(self._generated), logits.shape[-1], device=logits.device)
-                rows = [row for row, tokens in enumerate(self._generated) for _ in tokens]
-                self._add_counts(rows, [token for tokens in self._generated for token in tokens])
-            counts = self._counts
-            rows = logits.index_select(0, self.penalised)
-            if self.repetition is not None:
-                if self._in_prompt is None:
-                    self._in_prompt = torch.zeros_like(counts, dtype=torch.bool)
-                    for row, prompt in enumerate(self._prompts):
-                        self._in_prompt[row, list(prompt)] = True
-                factor = torch.where(rows > 0, 1 / self.repetition, self.repetition)
-                rows = torch.where(self._in_prompt | (counts > 0), rows * factor, rows)
-            rows = rows - counts * self.frequency - (counts > 0) * self.presence
-            logits = logits.index_copy(0, self.penalised, rows)
-        return logits
-
-    def _add_counts(self, rows: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> None:
-        device = self._counts.device
-        index = tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in (rows, tokens))
-        self._counts.index_put_(index, torch.ones(len(index[0]), device=device), accumulate=True)
+        adjusting = [(i, r.adjustments) for i, r in enumerate(rows) if r.adjustments is not None]
+        self.adjuster = LogitAdjuster(adjusting, device, history) if adjusting else None
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> Sampled:
         """logits [B, V] -> the sampled tokens, their logprobs, and the top logprobs asked for."""
-        logits = self._adjusted(logits.float())
+        logits = logits.float()
+        if self.adjuster is not None:
+            logits = self.adjuster.adjust(logits)
         scaled = logits / self.temperature if self.scaled else logits
         logprobs = torch.log_softmax(scaled, dim=-1)
         if self.all_greedy:
@@ -154,12 +108,94 @@ class BatchSampler:
             tokens = (candidates - noise.clamp_(min=torch.finfo(noise.dtype).tiny).log()).argmax(dim=-1)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
-        if self.penalised is not None:
-            self._add_counts(self._rows, tokens[self.penalised])
+        if self.adjuster is not None:
+            self.adjuster.record(tokens)
         top = None
         if self.top_logprobs:
             top = logprobs.topk(min(self.top_logprobs, logprobs.shape[-1]), dim=-1)
         return Sampled(tokens, logprobs.gather(1, tokens[:, None])[:, 0], top)
+
+
+class LogitAdjuster:
+    """The logit bias and the penalties of the rows that have them, in vLLM's order: the bias,
+    then the repetition penalty (over the prompt and the tokens generated so far), then the
+    presence and frequency penalties (over the tokens generated so far).
+
+    Penalised rows count the tokens each has generated: from `history` on the first step,
+    then from what is sampled (`record`), so every sampled token must be appended to its row
+    before the batch's sampler is rebuilt."""
+
+    def __init__(
+        self,
+        rows: Sequence[tuple[int, LogitAdjustments]],
+        device: torch.device | str,
+        history: History | None,
+    ):
+        biased = [(row, token, bias) for row, a in rows for token, bias in a.logit_bias.items()]
+        self.bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        if biased:
+            rows_of, tokens_of, values = zip(*biased, strict=True)
+            index = (torch.tensor(rows_of, device=device), torch.tensor(tokens_of, device=device))
+            self.bias = (index, torch.tensor(values, dtype=torch.float32, device=device))
+        penalised = [(row, a) for row, a in rows if a.penalised]
+        self.penalised: torch.Tensor | None = None
+        if not penalised:
+            return
+        if history is None:
+            raise ValueError("penalised rows need their history")
+        self.penalised = torch.tensor([row for row, _ in penalised], device=device)
+        self.presence = torch.tensor([a.presence_penalty for _, a in penalised], device=device)[:, None]
+        self.frequency = torch.tensor([a.frequency_penalty for _, a in penalised], device=device)[:, None]
+        self.repetition: torch.Tensor | None = None
+        if any(a.repetition_penalty != 1 for _, a in penalised):
+            self.repetition = torch.tensor([a.repetition_penalty for _, a in penalised], device=device)[
+                :, None
+            ]
+        self._histories = [
+            (prompt, list(generated)) for prompt, generated in map(history, (r for r, _ in penalised))
+        ]
+        self._rows = torch.arange(len(penalised), device=device)
+        self._counts: torch.Tensor | None = None
+        """[penalised rows, V]: how often each has generated each token."""
+        self._in_prompt: torch.Tensor | None = None
+        """[penalised rows, V]: the tokens of each one's prompt (with a repetition penalty)."""
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None:
+            index, values = self.bias
+            logits = logits.index_put(index, values, accumulate=True)
+        if self.penalised is None:
+            return logits
+        if self._counts is None:
+            self._start(logits.shape[-1], logits.device)
+        counts = self._counts
+        rows = logits.index_select(0, self.penalised)
+        if self.repetition is not None:
+            factor = torch.where(rows > 0, 1 / self.repetition, self.repetition)
+            rows = torch.where(self._in_prompt | (counts > 0), rows * factor, rows)
+        rows = rows - counts * self.frequency - (counts > 0) * self.presence
+        return logits.index_copy(0, self.penalised, rows)
+
+    def record(self, tokens: torch.Tensor) -> None:
+        """Counts the tokens just sampled (one per row of the batch)."""
+        if self.penalised is not None:
+            self._count(self._rows, tokens[self.penalised])
+
+    def _start(self, vocab: int, device: torch.device) -> None:
+        self._counts = torch.zeros(len(self._histories), vocab, device=device)
+        generated = [tokens for _, tokens in self._histories]
+        self._count(
+            [row for row, tokens in enumerate(generated) for _ in tokens], [t for ts in generated for t in ts]
+        )
+        if self.repetition is not None:
+            self._in_prompt = torch.zeros_like(self._counts, dtype=torch.bool)
+            for row, (prompt, _) in enumerate(self._histories):
+                self._in_prompt[row, list(prompt)] = True
+
+    def _count(self, rows: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> None:
+        device = self._counts.device
+        index = tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in (rows, tokens))
+        self._counts.index_put_(index, torch.ones(len(index[0]), device=device), accumulate=True)
 
 
 def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

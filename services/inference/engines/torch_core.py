@@ -40,7 +40,7 @@ from rlrun.inference.engines.base import (
     TopLogprobs,
     check_version_order,
 )
-from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
+from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
 
 log = logging.getLogger(__name__)
@@ -376,8 +376,7 @@ class TorchEngineCore:
             self._sampler = BatchSampler(
                 [s.settings for s in running],
                 self.device,
-                [s.tokens for s in running],
-                [s.request.prompt for s in running],
+                lambda row: (running[row].request.prompt, running[row].tokens),
             )
         return self._sampler.sample(logits, self._generator)
 
@@ -387,6 +386,14 @@ class TorchEngineCore:
         if request.running_samples == 0:
             self._running_requests += 1
         request.running_samples += len(admission.slots)
+        adjustments = None
+        if params.adjusts_logits:
+            adjustments = LogitAdjustments(
+                params.logit_bias,
+                params.presence_penalty,
+                params.frequency_penalty,
+                params.repetition_penalty,
+            )
         samples = []
         for offset, slot in enumerate(admission.slots):
             index = admission.first_index + offset
@@ -395,15 +402,7 @@ class TorchEngineCore:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed * 1_000_003 + index)
             settings = RowSettings(
-                params.temperature,
-                params.top_k,
-                params.top_p,
-                generator,
-                params.top_logprobs,
-                params.presence_penalty,
-                params.frequency_penalty,
-                params.logit_bias,
-                params.repetition_penalty,
+                params.temperature, params.top_k, params.top_p, generator, params.top_logprobs, adjustments
             )
             samples.append(
                 _Sample(
