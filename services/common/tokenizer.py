@@ -9,10 +9,12 @@ download) and the tokenizer of a local Hugging Face checkpoint directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from rlrun.common.hermes import tools_prompt
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -40,19 +42,35 @@ class Tokenizer(Protocol):
         """Header + content + end-of-message: one message's whole token delta."""
         ...
 
+    def render_tools(self, tools: Sequence[dict], system: str | None) -> list[int]:
+        """The system message that offers `tools` (OpenAI's function tools), with the
+        conversation's own system message `system` where it has one."""
+        ...
+
     @property
     def stop_token_ids(self) -> list[int]: ...
 
 
 def render_chat(
-    tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool = True
+    tokenizer: Tokenizer,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool = True,
+    tools: Sequence[dict] = (),
 ) -> list[int]:
     ids: list[int] = []
+    if tools:
+        system = messages[0].content if messages and messages[0].role == "system" else None
+        ids += tokenizer.render_tools(tools, system)
+        messages = messages[1:] if system is not None else messages
     for message in messages:
         ids += tokenizer.render_message(message.role, message.content)
     if add_generation_prompt:
         ids += tokenizer.message_header("assistant")
     return ids
+
+
+def _tools_prompt(tools: Sequence[dict], system: str | None) -> str:
+    return f"{system}\n\n{tools_prompt(tools)}" if system else tools_prompt(tools)
 
 
 class CharTokenizer:
@@ -104,6 +122,9 @@ class CharTokenizer:
     def render_message(self, role: str, content: str) -> list[int]:
         return self.message_header(role) + self.encode(content) + [self.eos_token_id]
 
+    def render_tools(self, tools: Sequence[dict], system: str | None) -> list[int]:
+        return self.render_message("system", _tools_prompt(tools, system))
+
     @property
     def stop_token_ids(self) -> list[int]:
         return [self.eos_token_id]
@@ -129,11 +150,12 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def _template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    def _template(self, messages: list[dict], add_generation_prompt: bool, tools=None) -> list[int]:
         out = self._tok.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=True, add_generation_prompt=add_generation_prompt
         )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        # Newer transformers answer a BatchEncoding (a Mapping, not a dict); older ones a list.
+        return list(out["input_ids"] if isinstance(out, Mapping) else out)
 
     def message_header(self, role: str) -> list[int]:
         if role != "assistant":
@@ -146,6 +168,15 @@ class HFTokenizer:
 
     def render_message(self, role: str, content: str) -> list[int]:
         return self._template([{"role": role, "content": content}], False)
+
+    def render_tools(self, tools: Sequence[dict], system: str | None) -> list[int]:
+        """The template's own way of offering tools; a template that ignores them gets them as
+        the system message the char tokenizer writes."""
+        message = [{"role": "system", "content": system or ""}]
+        offered = self._template(message, False, tools=list(tools))
+        if offered != self._template(message, False):
+            return offered
+        return self.render_message("system", _tools_prompt(tools, system))
 
     @property
     def stop_token_ids(self) -> list[int]:

@@ -45,6 +45,7 @@ from rlrun.inference.openai_protocol import (
     stop_strings,
     usage,
 )
+from rlrun.inference.tool_calls import ToolCall, ToolCallStream
 from rlrun.inference.validation import check_generate
 
 # Sampling fields are validated under this prefix, which OpenAI's `param` leaves out.
@@ -374,6 +375,26 @@ async def _until_stopped(
     ]
 
 
+class _StreamedCalls:
+    """One chat choice's text as it streams, split into content and tool calls."""
+
+    def __init__(self, parallel: bool):
+        self.stream = ToolCallStream()
+        self.parallel = parallel
+        self.made = 0
+
+    def push(self, text: str, ended: bool) -> tuple[str, list[dict]]:
+        """The content settled by `text` (all of it once `ended`) and the calls it completed,
+        as a delta's `tool_calls`."""
+        items = self.stream.push(text) + (self.stream.finish() if ended else [])
+        calls = [item for item in items if isinstance(item, ToolCall)]
+        if not self.parallel:
+            calls = calls[: max(0, 1 - self.made)]
+        made = [call.to_openai(index=self.made + k) for k, call in enumerate(calls)]
+        self.made += len(made)
+        return "".join(item for item in items if isinstance(item, str)), made
+
+
 async def _stream_chunks(
     form: _StreamFormat,
     tokenizer: Tokenizer,
@@ -388,6 +409,9 @@ async def _stream_chunks(
     """`first`: the first deltas (None: nothing is generated); `echoes`: with `echo`, each
     choice's prompt, sent as its first chunk."""
     texts = [TextStream(tokenizer, stop_strings(body)) for _ in range(choices)]
+    calls = None
+    if isinstance(body, ChatCompletionRequest) and body.parses_tool_calls():
+        calls = [_StreamedCalls(body.parallel_tool_calls is not False) for _ in range(choices)]
     ended = [False] * choices
     offsets = [0] * choices
     ident, created = new_id(form.id_prefix), now()
@@ -432,7 +456,16 @@ async def _stream_chunks(
                 if reason is not None:
                     piece += text.finish()
                     ended[delta.index] = True
-                yield chunk([entry(replace(delta, finish_reason=reason), piece)])
+                if calls is None:
+                    yield chunk([entry(replace(delta, finish_reason=reason), piece)])
+                    continue
+                piece, made = calls[delta.index].push(piece, ended=reason is not None)
+                if reason is not None and calls[delta.index].made:
+                    reason = "tool_calls"
+                choice = entry(replace(delta, finish_reason=reason), piece)
+                if made:
+                    choice["delta"]["tool_calls"] = made
+                yield chunk([choice])
             if all(ended):
                 break
             batch = await anext(rest, None)

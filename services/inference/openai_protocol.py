@@ -24,8 +24,12 @@ logprobs run up to the token that completed it. The engine stops on single-token
 itself; longer ones are found in the text as it streams, and the request is cancelled once
 every choice has stopped.
 
+Chat `tools` are offered to the model through its tokenizer (`render_chat`), and the tool
+calls an answer writes (Hermes format, `rlrun.inference.tool_calls`) come back as
+`tool_calls` with `tool_choice` "auto" (the default); "none" leaves them in the text.
+
 Every field of a request is honoured or refused with a 400 naming it, never silently
-dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`, tools,
+dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`,
 `response_format`, ...) are accepted only at the value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
 accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
 `top_k`, `stop_token_ids` and `repetition_penalty` are accepted as vLLM-style extensions. The
@@ -45,9 +49,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from rlrun.common.errors import RequestError
+from rlrun.common.hermes import calls_text
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
 from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
 from rlrun.inference.engines.base import Completion, TopLogprobs
+from rlrun.inference.tool_calls import ToolCall, split_tool_calls
 
 
 class StreamOptions(BaseModel):
@@ -159,11 +165,50 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+
+
+class ToolIn(BaseModel):
+    """A tool the request offers: OpenAI's function tool, passed on to the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionIn
+
+
+class CalledFunction(BaseModel):
+    name: str = Field(min_length=1)
+    arguments: str
+    """A JSON object, as text."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _a_json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"arguments must be a JSON object: {error}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("arguments must be a JSON object")
+        return value
+
+
+class ToolCallIn(BaseModel):
+    """A call an earlier assistant message made."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     function_call: dict | None = None
 
     _content_shape = field_validator("content", mode="wrap")(
@@ -173,9 +218,6 @@ class ChatMessageIn(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     unsupported = {
-        "tools": (None, []),
-        "tool_choice": (None, "none"),
-        "parallel_tool_calls": (None, True, False),
         "functions": (None, []),
         "function_call": (None, "none"),
         "response_format": (None, {"type": "text"}),
@@ -190,6 +232,31 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
+    tools: list[ToolIn] | None = None
+    tool_choice: str | dict | None = None
+    """"auto" (the default with tools): the answer's tool calls are parsed out of its text;
+    "none": they are not. "required" and a named function would need constrained decoding."""
+    parallel_tool_calls: bool | None = None
+    """False keeps only a choice's first call."""
+
+    def parses_tool_calls(self) -> bool:
+        """Whether tool calls are read out of the answers (and `tool_choice` is one this server
+        can keep)."""
+        choice = self.tool_choice
+        if choice is not None and not self.tools:
+            raise RequestError("tool_choice", "tool_choice needs tools")
+        if choice in (None, "auto"):
+            return bool(self.tools)
+        if choice == "none":
+            return False
+        raise RequestError(
+            "tool_choice",
+            f"tool_choice {json.dumps(choice)} is not supported by this server: it would need "
+            'constrained decoding; send "auto" or "none"',
+        )
+
+    def tool_calls_kept(self, calls: list[ToolCall]) -> list[ToolCall]:
+        return calls[:1] if self.parallel_tool_calls is False else calls
 
     def top_logprobs_count(self) -> int:
         """How many alternatives each position reports: `top_logprobs`, which needs `logprobs`."""
@@ -295,20 +362,30 @@ def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prom
 
 
 def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:
-    """The conversation rendered by the tokenizer's chat template: always one prompt."""
+    """The conversation rendered by the tokenizer's chat template, with the request's tools:
+    always one prompt. Earlier tool calls are written as the model writes them (Hermes)."""
+    request.parses_tool_calls()  # refuses a tool_choice it cannot keep before anything runs
     messages = []
     for i, message in enumerate(request.messages):
-        if message.tool_calls or message.function_call:
-            field = "tool_calls" if message.tool_calls else "function_call"
-            raise RequestError(f"messages[{i}].{field}", "tool calls are not supported by this server")
+        if message.function_call:
+            raise RequestError(
+                f"messages[{i}].function_call",
+                "function_call is not supported by this server; use tool_calls",
+            )
         content = message.content or ""
         if not isinstance(content, str):
             content = "".join(
                 _text_part(part, f"messages[{i}].content[{j}]") for j, part in enumerate(content)
             )
+        if message.tool_calls:
+            if message.role != "assistant":
+                raise RequestError(f"messages[{i}].tool_calls", "only assistant messages carry tool_calls")
+            calls = calls_text([call.model_dump() for call in message.tool_calls])
+            content = f"{content}\n{calls}" if content else calls
         messages.append(ChatMessage("system" if message.role == "developer" else message.role, content))
+    tools = [tool.model_dump() for tool in request.tools or ()]
     try:
-        return [("messages", render_chat(tokenizer, messages, add_generation_prompt=True))]
+        return [("messages", render_chat(tokenizer, messages, add_generation_prompt=True, tools=tools))]
     except ValueError as error:
         raise RequestError("messages", str(error)) from error
 
@@ -513,14 +590,19 @@ def chat_body(
                 tokenizer, completion.token_ids, completion.logprobs, completion.top_logprobs
             )
         text, stopped = visible_text(tokenizer, completion.token_ids, stops)
-        choices.append(
-            {
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": "stop" if stopped else completion.finish_reason,
-            }
-        )
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        reason = "stop" if stopped else completion.finish_reason
+        if request.parses_tool_calls():
+            content, calls = split_tool_calls(text)
+            calls = request.tool_calls_kept(calls)
+            if calls:
+                message = {
+                    "role": "assistant",
+                    "content": content,
+                    "tool_calls": [c.to_openai() for c in calls],
+                }
+                reason = "tool_calls"
+        choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason})
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",

@@ -133,12 +133,11 @@ async def test_best_of_answers_the_best_of_the_same_seeded_samples(client):
 
 
 async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
-    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
-            model="reverse_text", messages=MESSAGES, max_tokens=2, tools=tools
+            model="reverse_text", messages=MESSAGES, max_tokens=2, response_format={"type": "json_object"}
         )
-    assert caught.value.body["param"] == "tools"
+    assert caught.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(
             model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_p": 0.1}

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import CharTokenizer, ChatMessage, load_tokenizer, render_chat
 
 REPO = Path(__file__).resolve().parents[3]
@@ -49,3 +50,56 @@ def test_bad_inputs():
         load_tokenizer(REPO / "configs/tokenizer/missing.json")
     with pytest.raises(ValueError, match="no tokenizer"):
         load_tokenizer(None, None)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+# A template in Qwen's manner: tools go into the system message.
+WITH_TOOLS = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "# Tools\n{% for tool in tools %}{{ tool | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}{% if not (tools and loop.first and message.role == 'system') %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WITHOUT_TOOLS = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def hf_tokenizer(tmp_path, template: str):
+    """A byte-level tokenizer with `template`, saved and loaded as a checkpoint's is."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {symbol: i for i, symbol in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, chat_template=template)
+    fast.add_special_tokens({"eos_token": "<|im_end|>", "additional_special_tokens": ["<|im_start|>"]})
+    fast.save_pretrained(tmp_path)
+    return load_tokenizer(None, tmp_path)
+
+
+def test_a_checkpoints_template_offers_the_tools_its_own_way(tmp_path):
+    tok = hf_tokenizer(tmp_path, WITH_TOOLS)
+    offered = tok.decode(tok.render_tools(TOOLS, "be brief"), skip_special_tokens=False)
+    assert offered == (
+        '<|im_start|>system\nbe brief\n# Tools\n{"type": "function", "function": {"name": "get_weather", '
+        '"parameters": {"type": "object"}}}<|im_end|>\n'
+    )
+    chat = render_chat(tok, [ChatMessage("system", "be brief"), ChatMessage("user", "hi")], tools=TOOLS)
+    assert tok.decode(chat, skip_special_tokens=False) == (
+        offered + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_a_template_without_tools_gets_them_as_a_system_message(tmp_path):
+    tok = hf_tokenizer(tmp_path, WITHOUT_TOOLS)
+    offered = tok.decode(tok.render_tools(TOOLS, None), skip_special_tokens=False)
+    assert offered == f"<|im_start|>system\n{tools_prompt(TOOLS)}<|im_end|>\n"
+    char = load_tokenizer(CHAR)
+    assert char.render_tools(TOOLS, "be brief") == char.render_message(
+        "system", "be brief\n\n" + tools_prompt(TOOLS)
+    )

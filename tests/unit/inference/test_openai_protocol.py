@@ -1,9 +1,12 @@
 """OpenAI request translation: prompts, stop strings, defaults, incremental text, bodies."""
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
 from rlrun.common.errors import RequestError
+from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.inference.engines.base import Completion
 from rlrun.inference.openai_protocol import (
@@ -20,6 +23,7 @@ from rlrun.inference.openai_protocol import (
     sampling_params,
     visible_text,
 )
+from rlrun.inference.tool_calls import ToolCall, ToolCallStream, split_tool_calls
 
 from .conftest import REPO
 
@@ -289,8 +293,6 @@ def test_a_completion_field_that_would_be_ignored_is_refused_by_name(fields, par
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
     ],
@@ -301,11 +303,7 @@ def test_a_chat_field_that_would_be_ignored_is_refused_by_name(fields, param):
         request.check_fields()
     assert caught.value.field == param
     ChatCompletionRequest(
-        messages=[{"role": "user", "content": "hi"}],
-        tools=[],
-        tool_choice="none",
-        parallel_tool_calls=True,
-        response_format={"type": "text"},
+        messages=[{"role": "user", "content": "hi"}], functions=[], response_format={"type": "text"}
     ).check_fields()
 
 
@@ -317,7 +315,11 @@ def test_a_chat_field_that_would_be_ignored_is_refused_by_name(fields, param):
             "messages[1].content[0].type",
         ),
         ({"role": "user", "content": [{"type": "text"}]}, "messages[1].content[0].text"),
-        ({"role": "assistant", "tool_calls": [{"id": "1", "type": "function"}]}, "messages[1].tool_calls"),
+        (
+            {"role": "user", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+            "messages[1].tool_calls",
+        ),
+        ({"role": "assistant", "function_call": {"name": "f"}}, "messages[1].function_call"),
     ],
 )
 def test_chat_content_that_cannot_be_rendered_is_refused_by_name(tokenizer, message, param):
@@ -325,3 +327,133 @@ def test_chat_content_that_cannot_be_rendered_is_refused_by_name(tokenizer, mess
     with pytest.raises(RequestError) as caught:
         chat_prompts(request, tokenizer)
     assert caught.value.field == param
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {}}}},
+}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_tools_and_earlier_calls_are_rendered_in_the_hermes_format(tokenizer):
+    request = ChatCompletionRequest(
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+        tools=[WEATHER],
+    )
+    [(_, prompt)] = chat_prompts(request, tokenizer)
+    expected = (
+        tokenizer.render_message("system", "be brief\n\n" + tools_prompt([WEATHER]))
+        + tokenizer.render_message("user", "weather?")
+        + tokenizer.render_message("assistant", CALL_TEXT)
+        + tokenizer.render_message("tool", "sunny")
+        + tokenizer.message_header("assistant")
+    )
+    assert prompt == expected
+    assert '"name": "get_weather"' in tokenizer.decode(prompt)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "auto"}, "tool_choice"),
+    ],
+)
+def test_a_tool_choice_that_needs_constrained_decoding_is_refused(tokenizer, fields, param):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
+    with pytest.raises(RequestError) as caught:
+        chat_prompts(request, tokenizer)
+    assert caught.value.field == param
+
+
+def test_a_bad_tool_or_earlier_call_is_a_validation_error():
+    with pytest.raises(ValidationError, match="tools.0.type"):
+        ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "retrieval"}])
+    with pytest.raises(ValidationError, match="JSON object"):
+        ChatCompletionRequest(
+            messages=[{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]
+        )
+
+
+def completion_of(tokenizer, text: str, reason: str = "stop") -> Completion:
+    ids = tokenizer.encode(text)
+    return Completion(ids, [-0.1] * len(ids), reason, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("tool_fields", "text", "content", "names", "reason"),
+    [
+        ({"tools": [WEATHER]}, "Checking.\n" + CALL_TEXT, "Checking.", ["get_weather"], "tool_calls"),
+        (
+            {"tools": [WEATHER]},
+            CALL_TEXT + "\n" + CALL_TEXT,
+            None,
+            ["get_weather", "get_weather"],
+            "tool_calls",
+        ),
+        (
+            {"tools": [WEATHER], "parallel_tool_calls": False},
+            CALL_TEXT + CALL_TEXT,
+            None,
+            ["get_weather"],
+            "tool_calls",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "none"}, CALL_TEXT, CALL_TEXT, [], "stop"),
+        (
+            {"tools": [WEATHER]},
+            "<tool_call>{not json}</tool_call>",
+            "<tool_call>{not json}</tool_call>",
+            [],
+            "stop",
+        ),
+        ({}, CALL_TEXT, CALL_TEXT, [], "stop"),
+    ],
+)
+def test_the_answer_carries_the_tool_calls_it_wrote(tokenizer, tool_fields, text, content, names, reason):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **tool_fields)
+    body = chat_body(request, tokenizer, "m", 3, [completion_of(tokenizer, text)])
+    [choice] = body["choices"]
+    assert choice["message"]["content"] == content
+    calls = choice["message"].get("tool_calls", [])
+    assert [c["function"]["name"] for c in calls] == names
+    assert all(json.loads(c["function"]["arguments"]) == {"city": "Paris"} for c in calls)
+    assert len({c["id"] for c in calls}) == len(calls)
+    assert choice["finish_reason"] == reason
+
+
+@pytest.mark.parametrize("piece", [1, 2, 5, 13])
+def test_a_streamed_answer_splits_into_the_same_content_and_calls(piece):
+    text = (
+        "Let me see. <tool_c" + "all>x</tool_call> then\n" + CALL_TEXT + "\n\n" + CALL_TEXT + "\n<tool_call>{"
+    )
+    whole_content, whole_calls = split_tool_calls(text)
+    stream = ToolCallStream()
+    items = []
+    for start in range(0, len(text), piece):
+        items += stream.push(text[start : start + piece])
+    items += stream.finish()
+    assert "".join(i for i in items if isinstance(i, str)) == whole_content
+    streamed = [i for i in items if isinstance(i, ToolCall)]
+    assert [(c.name, c.arguments) for c in streamed] == [(c.name, c.arguments) for c in whole_calls]
+    assert len(streamed) == 2
+    assert whole_content == "Let me see. <tool_call>x</tool_call> then\n<tool_call>{"

@@ -1,0 +1,153 @@
+"""Tool calling over the OpenAI-compatible API, driven by the real `openai` client. The tiny
+models never write a tool call, so the answers come from an engine that writes a scripted
+text (the HTTP layer is the one `rlrun serve inference` runs)."""
+
+import json
+from collections.abc import AsyncIterator, Sequence
+
+import httpx
+import openai
+import pytest
+
+from rlrun.common.hermes import tools_prompt
+from rlrun.common.tokenizer import load_tokenizer
+from rlrun.common.types import SamplingParams
+from rlrun.inference.engines.base import Completion, Engine, StreamDelta
+from rlrun.inference.openai_app import build_openai_app
+
+from .conftest import REPO
+
+TOKENIZER = load_tokenizer(REPO / "configs/tokenizer/char.json")
+ANSWER = (
+    "Let me look that up.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+)
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+MESSAGES = [{"role": "user", "content": "Weather and time in Paris?"}]
+
+
+class ScriptedEngine(Engine):
+    """Writes ANSWER, a token at a time when streamed, and keeps the prompts it was given."""
+
+    model_name = "scripted"
+    vocab_size = TOKENIZER.vocab_size
+    max_model_len = 4096
+    max_samples = 8
+
+    def __init__(self) -> None:
+        self.prompts: list[list[int]] = []
+        self.answer = TOKENIZER.encode(ANSWER)
+
+    @property
+    def policy_version(self) -> int:
+        return 0
+
+    async def generate(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> list[Completion]:
+        self.prompts.append(list(prompt))
+        return [Completion(self.answer, [-0.5] * len(self.answer), "stop", 0, 0)] * params.n
+
+    async def stream(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
+    ) -> AsyncIterator[list[StreamDelta]]:
+        self.prompts.append(list(prompt))
+        for position, token in enumerate(self.answer):
+            last = position == len(self.answer) - 1
+            yield [StreamDelta(i, [token], [-0.5], "stop" if last else None) for i in range(params.n)]
+
+    async def start(self) -> None:
+        raise AssertionError("not used here")
+
+    stop = score = update_weights = receive_weights_nccl = pause = resume = start
+
+    def weight_specs(self):
+        raise AssertionError("not used here")
+
+    status = weight_specs
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+@pytest.fixture
+async def client(engine):
+    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://scripted") as http,
+        openai.AsyncOpenAI(
+            base_url="http://scripted/v1", api_key="unused", http_client=http, max_retries=0
+        ) as client,
+    ):
+        yield client
+
+
+async def test_the_answers_tool_calls_come_back_as_tool_calls(client, engine):
+    reply = await client.chat.completions.create(model="scripted", messages=MESSAGES, tools=TOOLS)
+    [choice] = reply.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me look that up."
+    calls = choice.message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"zone": "CET"}),
+    ]
+    assert all(c.id.startswith("call_") and c.type == "function" for c in calls)
+    # The model was shown the tools.
+    assert tools_prompt(TOOLS) in TOKENIZER.decode(engine.prompts[-1])
+
+
+async def test_streamed_tool_calls_equal_the_whole_answers(client):
+    stream = await client.chat.completions.create(
+        model="scripted", messages=MESSAGES, tools=TOOLS, stream=True
+    )
+    content, calls, reasons = "", {}, []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or ():
+                calls.setdefault(call.index, []).append(call)
+            reasons.append(choice.finish_reason)
+    assert content == "Let me look that up."
+    assert [
+        (parts[0].function.name, json.loads(parts[0].function.arguments)) for parts in calls.values()
+    ] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"zone": "CET"}),
+    ]
+    assert reasons[-1] == "tool_calls" and set(reasons[:-1]) == {None}
+
+
+async def test_a_conversation_goes_on_after_the_tools_answer(client, engine):
+    first = await client.chat.completions.create(
+        model="scripted", messages=MESSAGES, tools=TOOLS, parallel_tool_calls=False
+    )
+    [call] = first.choices[0].message.tool_calls
+    follow_up = [
+        *MESSAGES,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    await client.chat.completions.create(model="scripted", messages=follow_up, tools=TOOLS)
+    shown = TOKENIZER.decode(engine.prompts[-1])
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in shown
+    assert "sunny, 21 C" in shown
+
+
+async def test_tool_choices_this_server_cannot_keep_are_refused(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
+            model="scripted", messages=MESSAGES, tools=TOOLS, tool_choice="required"
+        )
+    assert caught.value.body["param"] == "tool_choice"
+    plain = await client.chat.completions.create(
+        model="scripted", messages=MESSAGES, tools=TOOLS, tool_choice="none"
+    )
+    assert plain.choices[0].message.content == ANSWER and plain.choices[0].message.tool_calls is None
