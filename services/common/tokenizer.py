@@ -143,6 +143,8 @@ class HFTokenizer:
             self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_token_id
         )
         self._header_cache: dict[str, list[int]] = {}
+        self._offers_tools: bool | None = None
+        """Whether the chat template renders `tools` (found on first use)."""
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
@@ -173,9 +175,12 @@ class HFTokenizer:
         """The template's own way of offering tools; a template that ignores them gets them as
         the system message the char tokenizer writes."""
         message = [{"role": "system", "content": system or ""}]
-        offered = self._template(message, False, tools=list(tools))
-        if offered != self._template(message, False):
-            return offered
+        if self._offers_tools is None:
+            self._offers_tools = self._template(message, False, tools=list(tools)) != self._template(
+                message, False
+            )
+        if self._offers_tools:
+            return self._template(message, False, tools=list(tools))
         return self.render_message("system", _tools_prompt(tools, system))
 
     @property

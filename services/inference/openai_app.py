@@ -378,9 +378,8 @@ async def _until_stopped(
 class _StreamedCalls:
     """One chat choice's text as it streams, split into content and tool calls."""
 
-    def __init__(self, parallel: bool):
-        self.stream = ToolCallStream()
-        self.parallel = parallel
+    def __init__(self, limit: int | None):
+        self.stream = ToolCallStream(limit)
         self.made = 0
 
     def push(self, text: str, ended: bool) -> tuple[str, list[dict]]:
@@ -388,8 +387,6 @@ class _StreamedCalls:
         as a delta's `tool_calls`."""
         items = self.stream.push(text) + (self.stream.finish() if ended else [])
         calls = [item for item in items if isinstance(item, ToolCall)]
-        if not self.parallel:
-            calls = calls[: max(0, 1 - self.made)]
         made = [call.to_openai(index=self.made + k) for k, call in enumerate(calls)]
         self.made += len(made)
         return "".join(item for item in items if isinstance(item, str)), made
@@ -411,7 +408,7 @@ async def _stream_chunks(
     texts = [TextStream(tokenizer, stop_strings(body)) for _ in range(choices)]
     calls = None
     if isinstance(body, ChatCompletionRequest) and body.parses_tool_calls():
-        calls = [_StreamedCalls(body.parallel_tool_calls is not False) for _ in range(choices)]
+        calls = [_StreamedCalls(body.tool_call_limit()) for _ in range(choices)]
     ended = [False] * choices
     offsets = [0] * choices
     ident, created = new_id(form.id_prefix), now()

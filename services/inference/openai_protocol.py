@@ -53,7 +53,7 @@ from rlrun.common.hermes import calls_text
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
 from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
 from rlrun.inference.engines.base import Completion, TopLogprobs
-from rlrun.inference.tool_calls import ToolCall, split_tool_calls
+from rlrun.inference.tool_calls import split_tool_calls
 
 
 class StreamOptions(BaseModel):
@@ -255,8 +255,8 @@ class ChatCompletionRequest(_SamplingFields):
             'constrained decoding; send "auto" or "none"',
         )
 
-    def tool_calls_kept(self, calls: list[ToolCall]) -> list[ToolCall]:
-        return calls[:1] if self.parallel_tool_calls is False else calls
+    def tool_call_limit(self) -> int | None:
+        return 1 if self.parallel_tool_calls is False else None
 
     def top_logprobs_count(self) -> int:
         """How many alternatives each position reports: `top_logprobs`, which needs `logprobs`."""
@@ -582,6 +582,7 @@ def chat_body(
     completions: Sequence[Completion],
 ) -> dict:
     stops = stop_strings(request)
+    parses_tool_calls = request.parses_tool_calls()
     choices = []
     for index, completion in enumerate(completions):
         logprobs = None
@@ -592,9 +593,8 @@ def chat_body(
         text, stopped = visible_text(tokenizer, completion.token_ids, stops)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         reason = "stop" if stopped else completion.finish_reason
-        if request.parses_tool_calls():
-            content, calls = split_tool_calls(text)
-            calls = request.tool_calls_kept(calls)
+        if parses_tool_calls:
+            content, calls = split_tool_calls(text, request.tool_call_limit())
             if calls:
                 message = {
                     "role": "assistant",

@@ -151,8 +151,9 @@ class LogitAdjuster:
             self.repetition = torch.tensor([a.repetition_penalty for _, a in penalised], device=device)[
                 :, None
             ]
+        # The generated tokens as they are now: the rows append to them after each step.
         self._histories = [
-            (prompt, list(generated)) for prompt, generated in map(history, (r for r, _ in penalised))
+            (prompt, list(generated)) for prompt, generated in (history(r) for r, _ in penalised)
         ]
         self._rows = torch.arange(len(penalised), device=device)
         self._counts: torch.Tensor | None = None

@@ -56,7 +56,10 @@ class ToolCallStream:
     the format's line breaks, not the answer). However the text is cut into pieces, the
     same content and calls come out."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        """The most calls passed on (`parallel_tool_calls: false` keeps the first); later ones
+        are read, and dropped."""
         self._pending = ""
         """Text not yet read: an open block, or a tail that may begin one."""
         self._space = ""
@@ -85,8 +88,9 @@ class ToolCallStream:
                 self._content(settled, block)
             else:
                 self._space = ""
-                settled.append(call)
                 self.calls += 1
+                if self.limit is None or self.calls <= self.limit:
+                    settled.append(call)
 
     def finish(self) -> list[str | ToolCall]:
         """What was held back, once the sample has ended (a block never closed is content)."""
@@ -114,9 +118,9 @@ def _partial_open_length(text: str) -> int:
     return 0
 
 
-def split_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+def split_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[ToolCall]]:
     """A whole answer's content (None when only calls were written) and its calls."""
-    stream = ToolCallStream()
+    stream = ToolCallStream(limit)
     items = stream.push(text) + stream.finish()
     calls = [item for item in items if isinstance(item, ToolCall)]
     content = "".join(item for item in items if isinstance(item, str))

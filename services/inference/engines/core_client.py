@@ -188,12 +188,11 @@ class CoreClient(Engine):
         self._pending[rid] = waiter
         return rid
 
-    def _post(self, make_command, dispatch=None) -> tuple[int, asyncio.Future]:
-        """Dispatches the command `make_command(rid)` (with `dispatch`, default `_dispatch`);
-        the future gets its answer."""
+    def _post(self, make_command) -> tuple[int, asyncio.Future]:
+        """Dispatches the command `make_command(rid)`; the future gets its answer."""
         future = asyncio.get_running_loop().create_future()
         rid = self._open(future)
-        (dispatch or self._dispatch)(make_command(rid))
+        self._dispatch(make_command(rid))
         return rid, future
 
     async def _call(self, make_command):
@@ -264,7 +263,8 @@ class CoreClient(Engine):
         from here on, since the core handles commands in the order they were dispatched, so
         every later request is served by it. The future resolves once the core has copied it
         in (its apply seconds)."""
-        _, applied = self._post(make_command, self._dispatch_soon)
+        applied = asyncio.get_running_loop().create_future()
+        self._dispatch_soon(make_command(self._open(applied)))
         self._set_version(version)
         applied.add_done_callback(self._update_applied)
         return applied

@@ -192,42 +192,43 @@ async def test_requests_made_right_after_an_update_returns_are_served_by_it():
         await engine.stop()
 
 
-async def test_commands_held_behind_an_update_fail_loudly_when_the_engine_is_gone():
+@pytest.fixture
+async def watched():
+    """A started engine process, and a future set with the error it reports on dying."""
     engine = TorchEngineProcess(engine_config())
     died = asyncio.get_running_loop().create_future()
     engine.on_dead = died.set_result
     await engine.start()
     try:
-        await engine.update_weights(broadcast_tensors(build_model(engine_config(seed=11).model)), 1)
-        engine._writer.close()  # before the loop's next turn hands the update over
-        with pytest.raises(RuntimeError, match="not running"):
-            await engine.generate([5, 6], SamplingParams(max_tokens=4))
-        assert "not running" in str(await asyncio.wait_for(died, 30))
-        with pytest.raises(RuntimeError, match="not running"):
-            await engine._staged
+        yield engine, died
     finally:
         await engine.stop()
 
 
-async def test_a_dead_engine_process_fails_open_requests_and_reports_itself():
-    engine = TorchEngineProcess(engine_config())
-    died = asyncio.get_running_loop().create_future()
-    engine.on_dead = died.set_result
-    await engine.start()
-    try:
-        await engine.pause()
-        waiting = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=4)))
-        while engine.status().waiting_requests == 0:
-            await asyncio.sleep(0.01)
-        os.kill(engine._process.pid, signal.SIGKILL)
-        error = await asyncio.wait_for(died, 30)
-        assert "exit code -9" in str(error)
-        with pytest.raises(RuntimeError, match="exit code -9"):
-            await waiting
-        with pytest.raises(RuntimeError, match="not running"):
-            await engine.generate([5], SamplingParams(max_tokens=2))
-    finally:
-        await engine.stop()
+async def test_commands_held_behind_an_update_fail_loudly_when_the_engine_is_gone(watched):
+    engine, died = watched
+    await engine.update_weights(broadcast_tensors(build_model(engine_config(seed=11).model)), 1)
+    engine._writer.close()  # before the loop's next turn hands the update over
+    with pytest.raises(RuntimeError, match="not running"):
+        await engine.generate([5, 6], SamplingParams(max_tokens=4))
+    assert "not running" in str(await asyncio.wait_for(died, 30))
+    with pytest.raises(RuntimeError, match="not running"):
+        await engine._staged
+
+
+async def test_a_dead_engine_process_fails_open_requests_and_reports_itself(watched):
+    engine, died = watched
+    await engine.pause()
+    waiting = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_tokens=4)))
+    while engine.status().waiting_requests == 0:
+        await asyncio.sleep(0.01)
+    os.kill(engine._process.pid, signal.SIGKILL)
+    error = await asyncio.wait_for(died, 30)
+    assert "exit code -9" in str(error)
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        await waiting
+    with pytest.raises(RuntimeError, match="not running"):
+        await engine.generate([5], SamplingParams(max_tokens=2))
 
 
 def test_weight_staging_falls_back_to_the_temp_folder_when_tmpfs_is_full(monkeypatch, tmp_path):
