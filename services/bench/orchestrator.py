@@ -221,12 +221,12 @@ def train_step_lower_bound(shape: dict, iterations: int) -> float:
     samples, length = shape["batch_size"] * shape["group_size"], 12 + shape["completion"]
     ids = torch.randint(6, 100, (samples * length,))
     positions = torch.arange(length).repeat(samples)
-    cu = torch.arange(0, samples * length + 1, length)
+    attend = PackedCausal([length] * samples)
     advantages = torch.randn(samples * length - 1)
 
     def step() -> None:
         for _ in range(shape["grad_steps"]):
-            logits = model(ids, positions, PackedCausal(cu))
+            logits = model(ids, positions, attend)
             logprobs = torch.log_softmax(logits[:-1].float(), dim=-1).gather(1, ids[1:, None]).squeeze(1)
             loss = -(logprobs * advantages).mean()
             optimizer.zero_grad(set_to_none=True)

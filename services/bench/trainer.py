@@ -87,7 +87,7 @@ class BareLoop:
         self.model = build_model(config.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.trainer.lr)
         self.packed = pack_micro_batch(batch.samples)
-        self.attend = PackedCausal(self.packed.cu_seqlens)
+        self.attend = PackedCausal.from_offsets(self.packed.cu_seqlens)
         self.weights = self.packed.advantages * self.packed.rl_mask
         self.count = int(self.packed.rl_mask.sum())
 

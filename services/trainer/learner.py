@@ -135,7 +135,9 @@ class Learner:
         last = len(micro_batches) - 1
         for index, micro in enumerate(micro_batches):
             with self.parallel.gradient_sync(self.model, enabled=index == last):
-                logits = self.model(micro.input_ids, micro.positions, PackedCausal(micro.cu_seqlens))
+                logits = self.model(
+                    micro.input_ids, micro.positions, PackedCausal.from_offsets(micro.cu_seqlens)
+                )
                 logprobs, entropy = token_logprobs(
                     logits[micro.predict_rows], micro.targets, micro.temperatures
                 )

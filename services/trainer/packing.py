@@ -124,8 +124,8 @@ class PackedMicroBatch:
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> PackedMicroBatch:
-        """Moves everything but `cu_seqlens`, which stays on the CPU: PackedCausal builds its
-        scatter indices from it with CPU aranges (CPU indices index GPU tensors fine)."""
+        """Moves everything but `cu_seqlens`, which stays on the CPU: PackedCausal reads its
+        lengths from it (CPU scatter indices index GPU tensors fine)."""
         return PackedMicroBatch(
             **{
                 name: getattr(self, name) if name == "cu_seqlens" else getattr(self, name).to(device)

@@ -1,9 +1,10 @@
 """How a forward pass attends. The model is written over packed tokens [T, ...]; the
 attention context decides what each token may see:
 
-- PackedCausal: several sequences packed back to back (training, scoring). Varlen
-  attention done by scattering into a right-padded batch, so no token sees another
-  sequence and padding never reaches a real query.
+- PackedCausal: several sequences packed back to back (training, scoring, prompts joining
+  a decode step). Varlen attention done by scattering into a right-padded batch (a view when
+  all have one length), so no token sees another sequence and padding never reaches a
+  real query.
 - SlotKVCache: continuous batching. Every running sequence owns a cache slot; each token
   writes its K/V at (slot, position). A running sequence's next token attends to its slot's
   positions up to its own; a newly admitted prompt attends causally within itself.
@@ -11,8 +12,8 @@ attention context decides what each token may see:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -22,29 +23,34 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
 
 
-@dataclass
 class PackedCausal:
-    """cu_seqlens: [n+1] offsets of n packed sequences (int64)."""
+    """Sequences of `lengths` tokens packed back to back, each attending causally within
+    itself. Built from Python ints, so no tensor is read back to plan the padding."""
 
-    cu_seqlens: torch.Tensor
+    def __init__(self, lengths: Sequence[int]):
+        if isinstance(lengths, torch.Tensor):
+            raise TypeError("PackedCausal takes lengths as ints; offsets in a tensor go to from_offsets")
+        self.lengths = list(lengths)
+        self.max_len = max(self.lengths, default=0)
+        # Sequences of one length are already a padded batch: a view, no scatter.
+        self.uniform = all(n == self.max_len for n in self.lengths)
+        if not self.uniform:
+            self.rows = torch.tensor([i for i, n in enumerate(self.lengths) for _ in range(n)])
+            self.cols = torch.tensor([j for n in self.lengths for j in range(n)])
 
-    def __post_init__(self) -> None:
-        lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
-        self.lengths = lengths
-        self.max_len = int(lengths.max()) if len(lengths) else 0
-        if len(lengths) == 1:
-            return  # one sequence is its own padded batch: no scatter
-        seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-        self.rows = seq
-        self.cols = torch.arange(int(self.cu_seqlens[-1])) - self.cu_seqlens[:-1][seq]
+    @classmethod
+    def from_offsets(cls, cu_seqlens: torch.Tensor) -> PackedCausal:
+        """From [n+1] offsets of n packed sequences (a CPU tensor)."""
+        offsets = cu_seqlens.tolist()
+        return cls([end - start for start, end in zip(offsets, offsets[1:], strict=False)])
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, KV, D]
         n, length = len(self.lengths), self.max_len
 
         def pad(x: torch.Tensor) -> torch.Tensor:
-            if n == 1:  # one sequence is its own padded batch
-                return x[None].transpose(1, 2)
+            if self.uniform:
+                return x.unflatten(0, (n, length)).transpose(1, 2)
             out = x.new_zeros((n, length, *x.shape[1:]))
             out[self.rows, self.cols] = x
             return out.transpose(1, 2)  # [n, heads, L, D]
@@ -54,7 +60,7 @@ class PackedCausal:
         out = F.scaled_dot_product_attention(
             qp, _expand_kv(kp, groups), _expand_kv(vp, groups), is_causal=True
         ).transpose(1, 2)  # [n, L, heads, D]
-        return out[0] if n == 1 else out[self.rows, self.cols]
+        return out.flatten(0, 1) if self.uniform else out[self.rows, self.cols]
 
 
 class SlotKVCache:
@@ -87,7 +93,7 @@ class SlotKVCache:
         each from position 0 and in a slot of its own (`prompt_lengths`)."""
         prompts = None
         if prompt_lengths:
-            prompts = PackedCausal(torch.tensor(list(accumulate(prompt_lengths, initial=0))))
+            prompts = PackedCausal(prompt_lengths)
         return CachedStep(self, slot_ids, positions, len(slot_ids) - sum(prompt_lengths), prompts)
 
 

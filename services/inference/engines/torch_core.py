@@ -569,7 +569,7 @@ class TorchEngineCore:
             offsets = list(accumulate(lengths, initial=0))
             ids = torch.tensor([t for job in jobs for t in job.token_ids], device=self.device)
             positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
-            attend = PackedCausal(torch.tensor(offsets))
+            attend = PackedCausal(lengths)
             # Row r predicts token r + 1; job i scores its tokens start .. len - 1.
             rows = [
                 r

@@ -44,7 +44,7 @@ async def engine(tmp_path):
 def recomputed_logprobs(model, prompt, completion, temperature):
     ids = torch.tensor(prompt + completion)
     with torch.no_grad():
-        logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))
     logits = logits[len(prompt) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 

@@ -39,7 +39,7 @@ def recomputed(model, prompt, completion, temperature):
     completion = list(completion)  # a proto's repeated field too
     ids = torch.tensor(prompt + completion)
     with torch.no_grad():
-        logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))
     logits = logits[len(prompt) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 
@@ -61,7 +61,7 @@ def top_logprobs_check(completion, model, prompt, temperature, count) -> dict:
     forward pass, and how far their logprobs are from it."""
     ids = torch.tensor(prompt + completion.token_ids)
     with torch.no_grad():
-        logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))
     expected = torch.log_softmax(logits[len(prompt) - 1 : -1].float() / temperature, -1).topk(count)
     reported = completion.top_logprobs
     return {
@@ -304,7 +304,7 @@ def adjusted_logprobs(model, prompt, completion, params: SamplingParams | None) 
     model's, adjusted as `params` asks (`reference_sampling`)."""
     ids = torch.tensor(prompt + completion)
     with torch.no_grad():
-        logits = model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))
     logits = logits[len(prompt) - 1 : -1].float()
     if params is not None:
         logits = adjusted_logits(logits, prompt, completion, params)

@@ -24,7 +24,9 @@ def trainer_logprobs(learner, tokens: list[int]) -> list[float]:
     n = len(tokens)
     packed = pack_micro_batch([TrainingSample(tokens, [True] * n, [0.0] * n, [1.0] * n)])
     with torch.no_grad():
-        logits = learner.model(packed.input_ids, packed.positions, PackedCausal(packed.cu_seqlens))
+        logits = learner.model(
+            packed.input_ids, packed.positions, PackedCausal.from_offsets(packed.cu_seqlens)
+        )
         logprobs, _ = token_logprobs(logits[packed.predict_rows], packed.targets, packed.temperatures)
     return logprobs.tolist()
 

@@ -49,14 +49,14 @@ def pair(request):
     return model.eval(), hf_twin(model, cfg)
 
 
-def test_packed_forward_matches_transformers(pair):
+@pytest.mark.parametrize("lengths", [[7, 3, 11], [6, 6, 6]], ids=["ragged", "uniform"])
+def test_packed_forward_matches_transformers(pair, lengths):
     model, hf = pair
-    lengths = [7, 3, 11]
     seqs = [torch.randint(0, model.config.vocab_size, (n,)) for n in lengths]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     positions = torch.cat([torch.arange(n) for n in lengths])
     with torch.no_grad():
-        packed = model(torch.cat(seqs), positions, PackedCausal(cu))
+        packed = model(torch.cat(seqs), positions, PackedCausal.from_offsets(cu))
         for i, seq in enumerate(seqs):
             reference = hf(seq[None]).logits[0]
             torch.testing.assert_close(packed[cu[i] : cu[i + 1]], reference, atol=1e-5, rtol=1e-4)
@@ -198,7 +198,7 @@ def test_checkpoint_loads_into_transformers_too(tmp_path, config):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", local_files_only=True).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, 8))
     with torch.no_grad():
-        ours = model(ids[0], torch.arange(8), PackedCausal(torch.tensor([0, 8])))
+        ours = model(ids[0], torch.arange(8), PackedCausal([8]))
         torch.testing.assert_close(ours, hf(ids).logits[0], atol=1e-5, rtol=1e-4)
 
 

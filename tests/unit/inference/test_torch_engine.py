@@ -21,7 +21,7 @@ from .conftest import MAX_MODEL_LEN, tiny_model
 def full_forward(model, token_ids: list[int]) -> torch.Tensor:
     ids = torch.tensor(token_ids)
     with torch.no_grad():
-        return model(ids, torch.arange(len(ids)), PackedCausal(torch.tensor([0, len(ids)])))
+        return model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))
 
 
 def argmax_loop(model, prompt: list[int], steps: int) -> list[int]:

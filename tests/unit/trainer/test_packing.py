@@ -114,10 +114,10 @@ def test_packed_forward_equals_each_sample_alone(tmp_path):
     samples = synthetic_batch(0, num_samples=4).samples
     packed = pack_micro_batch(samples)
     with torch.no_grad():
-        together = model(packed.input_ids, packed.positions, PackedCausal(packed.cu_seqlens))
+        together = model(packed.input_ids, packed.positions, PackedCausal.from_offsets(packed.cu_seqlens))
         for i, s in enumerate(samples):
             alone = pack_micro_batch([s])
-            own = model(alone.input_ids, alone.positions, PackedCausal(alone.cu_seqlens))
+            own = model(alone.input_ids, alone.positions, PackedCausal.from_offsets(alone.cu_seqlens))
             start, end = packed.cu_seqlens[i].item(), packed.cu_seqlens[i + 1].item()
             torch.testing.assert_close(together[start:end], own, rtol=1e-5, atol=1e-5)
 
