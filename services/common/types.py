@@ -47,6 +47,9 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    """vLLM's: tokens less likely than min_p times the most likely one (after temperature) are
+    never drawn, before top-k and top-p (0: off). Set by the OpenAI-compatible API only."""
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     n: int = 1
@@ -98,6 +101,8 @@ class SamplingParams:
             raise WireError(f"{where}.top_p", f"{where}.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise WireError(f"{where}.top_k", f"{where}.top_k must be >= 0, got {self.top_k}")
+        if not (0 <= self.min_p <= 1):
+            raise WireError(f"{where}.min_p", f"{where}.min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens <= 0:
             raise WireError(
                 f"{where}.max_tokens", f"{where}.max_tokens must be positive, got {self.max_tokens}"

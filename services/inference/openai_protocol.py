@@ -32,7 +32,7 @@ Every field of a request is honoured or refused with a 400 naming it, never sile
 dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`,
 `response_format`, ...) are accepted only at the value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
 accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
-`top_k`, `stop_token_ids` and `repetition_penalty` are accepted as vLLM-style extensions. The
+`top_k`, `min_p`, `stop_token_ids` and `repetition_penalty` are accepted as vLLM-style extensions. The
 `model` field is accepted and ignored: one model is served.
 """
 
@@ -91,6 +91,8 @@ class _SamplingFields(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    """vLLM's extension: tokens less likely than min_p times the most likely one are not drawn."""
     n: int = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = []
@@ -323,6 +325,7 @@ def sampling_params(
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
+        min_p=request.min_p,
         stop_token_ids=_stop_token_ids(request, tokenizer),
         seed=request.seed,
         n=request.samples_per_prompt(),

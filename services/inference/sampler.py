@@ -1,9 +1,9 @@
 """Batched sampling over one decode step's logits, with per-row settings.
 
 Order, as in vLLM: the logit bias, the repetition penalty, the presence and frequency
-penalties (these four from the OpenAI-compatible API only), then temperature, then top-k,
-then top-p over what top-k kept. The logprob returned for a sampled token is log softmax(logits' / T) at that token,
-with logits' the biased and penalised logits, before top-k/top-p truncation (T = 1 for
+penalties (these four from the OpenAI-compatible API only), then temperature, then min-p,
+then top-k, then top-p over what they kept. The logprob returned for a sampled token is log softmax(logits' / T) at that token,
+with logits' the biased and penalised logits, before min-p/top-k/top-p truncation (T = 1 for
 greedy rows): without bias and penalties, the distribution the trainer recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
 which draws exactly from the categorical and lets seeded rows draw their own noise. Rows
 that ask for `top_logprobs` also get the most likely tokens of that same distribution.
@@ -39,6 +39,7 @@ class RowSettings:
     temperature: float
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     generator: torch.Generator | None = None
     """Seeded requests draw from their own generator; others from the engine's."""
     top_logprobs: int = 0
@@ -80,10 +81,11 @@ class BatchSampler:
             self.temperature = torch.tensor(effective, dtype=torch.float32, device=device)[:, None]
         if self.any_greedy and not self.all_greedy:
             self.greedy = torch.tensor([t == 0 for t in temperatures], device=device)
-        self.truncates = any(r.top_k > 0 or r.top_p < 1 for r in rows)
+        self.truncates = any(r.top_k > 0 or r.top_p < 1 or r.min_p > 0 for r in rows)
         if self.truncates:
             self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
             self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
+            self.min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
         adjusting = [(i, r.adjustments) for i, r in enumerate(rows) if r.adjustments is not None]
@@ -99,7 +101,7 @@ class BatchSampler:
         if self.all_greedy:
             tokens = logits.argmax(dim=-1)
         else:
-            candidates = truncate(scaled, self.top_k, self.top_p) if self.truncates else logprobs
+            candidates = truncate(scaled, self.top_k, self.top_p, self.min_p) if self.truncates else logprobs
             noise = torch.empty_like(candidates).exponential_(generator=generator)
             for row, row_generator in self.seeded:
                 noise[row].exponential_(generator=row_generator)
@@ -199,9 +201,15 @@ class LogitAdjuster:
         self._counts.index_put_(index, torch.ones(len(index[0]), device=device), accumulate=True)
 
 
-def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Logits with everything outside each row's top-k, then top-p nucleus, set to -inf.
-    top_k 0 keeps all; the most likely token always survives."""
+def truncate(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Logits with everything below each row's min-p, then outside its top-k, then outside its
+    top-p nucleus, set to -inf. top_k 0 keeps all; the most likely token always survives."""
+    if min_p is not None:
+        # p < min_p * p_max  <=>  logit < max logit + log(min_p); log(0) = -inf keeps all.
+        floor = logits.amax(dim=-1, keepdim=True) + min_p[:, None].log()
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     ordered, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=logits.device)[None, :]

@@ -402,7 +402,13 @@ class TorchEngineCore:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed * 1_000_003 + index)
             settings = RowSettings(
-                params.temperature, params.top_k, params.top_p, generator, params.top_logprobs, adjustments
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                params.min_p,
+                generator,
+                params.top_logprobs,
+                adjustments,
             )
             samples.append(
                 _Sample(

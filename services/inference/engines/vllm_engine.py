@@ -8,8 +8,9 @@ Semantics against the torch engine:
   is returned, as with the torch engine.
 - Logprobs come from vLLM's `processed_logprobs` mode: after the logit bias, the penalties
   and temperature (T = 1 for greedy), as the torch engine's.
-  vLLM applies top-k/top-p before computing them, so with top_k/top_p set they are logprobs
-  of the truncated distribution, unlike the torch engine (which reports them before truncation).
+  vLLM applies min-p, top-k and top-p before computing them, so with min_p/top_k/top_p set
+  they are logprobs of the truncated distribution, unlike the torch engine (which reports them
+  before truncation).
 - `policy_version_start` is the version when the request was submitted (vLLM reports no
   per-token timing here): a conservative bound for staleness checks.
 - Score runs at temperature 1 only (vLLM's prompt logprobs are raw).
@@ -92,6 +93,7 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,
+        "min_p": params.min_p,
         "max_tokens": params.max_tokens,
         "stop_token_ids": list(params.stop_token_ids),
         "ignore_eos": True,

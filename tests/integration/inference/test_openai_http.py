@@ -110,6 +110,21 @@ async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
         assert caught.value.body["param"] == param
 
 
+async def test_min_p_one_draws_the_most_likely_token_only(client):
+    settings = {"model": "reverse_text", "prompt": ["abc", "hello"], "max_tokens": 8, "logprobs": 0}
+    greedy = await client.completions.create(temperature=0.0, **settings)
+    only_top = await client.completions.create(temperature=1.5, n=3, extra_body={"min_p": 1.0}, **settings)
+    for index, choice in enumerate(only_top.choices):
+        assert choice.text == greedy.choices[index // 3].text
+    # The logprobs stay those of the tempered distribution, not of the truncated one (0).
+    assert all(lp < 0 for c in only_top.choices for lp in c.logprobs.token_logprobs)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(
+            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_p": 2.0}
+        )
+    assert caught.value.body["param"] == "min_p"
+
+
 async def test_best_of_answers_the_best_of_the_same_seeded_samples(client):
     settings = {
         "model": "reverse_text",
@@ -140,9 +155,9 @@ async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
     assert caught.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(
-            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_p": 0.1}
+            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_tokens": 2}
         )
-    assert caught.value.body["param"] == "min_p"
+    assert caught.value.body["param"] == "min_tokens"
     # The values that change nothing are served.
     reply = await client.completions.create(
         model="reverse_text", prompt="abc", max_tokens=2, best_of=1, suffix="", user="bob"

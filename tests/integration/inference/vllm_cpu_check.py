@@ -117,6 +117,9 @@ async def check(output_dir: Path, family: str) -> dict:
         )
         [penalised] = await engine.generate(prompt, adjusted)
         penalised_logprobs = adjusted_logprobs(model, prompt, penalised.token_ids, adjusted)
+        only_top = await engine.generate(
+            prompt, SamplingParams(max_tokens=12, temperature=1.0, min_p=1.0, n=2)
+        )
         [ranked] = await engine.generate(
             prompt, SamplingParams(max_tokens=8, temperature=0.8, top_logprobs=3)
         )
@@ -151,6 +154,9 @@ async def check(output_dir: Path, family: str) -> dict:
             "greedy_is_argmax": greedy.token_ids == greedy_loop(model, prompt, 12),
             "penalised_is_adjusted_argmax": penalised.token_ids == greedy_loop(model, prompt, 12, adjusted),
             "penalised_differs": penalised.token_ids != greedy.token_ids,
+            "min_p_one_is_greedy": all(c.token_ids == greedy.token_ids for c in only_top),
+            # vLLM's logprobs are after truncation: min_p 1 leaves one token, of logprob 0.
+            "min_p_truncated_logprob": max(abs(lp) for c in only_top for lp in c.logprobs),
             "penalised_logprob_diff": (
                 torch.tensor(penalised.logprobs)
                 - penalised_logprobs.gather(1, torch.tensor(penalised.token_ids)[:, None])[:, 0]

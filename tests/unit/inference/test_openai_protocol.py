@@ -55,6 +55,13 @@ def test_stop_strings_become_stop_token_ids_with_the_end_token(tokenizer):
     assert params.max_tokens == 29
 
 
+def test_min_p_reaches_the_engine(tokenizer):
+    request = CompletionRequest(prompt="abc", min_p=0.25)
+    request.check_fields()
+    assert sampling_params(request, tokenizer, 3, 32, 4).min_p == 0.25
+    assert sampling_params(CompletionRequest(prompt="abc"), tokenizer, 3, 32, 4).min_p == 0.0
+
+
 def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
     request = ChatCompletionRequest(
         messages=[{"role": "user", "content": "hi"}],
@@ -81,6 +88,8 @@ def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
         ({"presence_penalty": 2.5}, "body.presence_penalty"),
         ({"frequency_penalty": -3}, "body.frequency_penalty"),
         ({"repetition_penalty": 0}, "body.repetition_penalty"),
+        ({"min_p": 1.5}, "body.min_p"),
+        ({"min_p": -0.1}, "body.min_p"),
     ],
 )
 def test_a_bad_penalty_or_logit_bias_is_refused_by_name(tokenizer, fields, param):

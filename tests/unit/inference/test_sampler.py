@@ -36,6 +36,36 @@ def test_truncate_keeps_the_top_k_then_the_nucleus():
     assert kept.tolist() == [[True, True, False, False], [True, True, False, False], [True, True, True, True]]
 
 
+def test_min_p_keeps_the_tokens_at_least_that_share_of_the_most_likely_before_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    kept = truncate(
+        logits,
+        top_k=torch.tensor([0, 0, 1]),
+        top_p=torch.tensor([1.0, 0.9, 1.0]),
+        min_p=torch.tensor([0.25, 0.5, 0.0]),
+    ).isfinite()
+    # 0.15 >= 0.25 * 0.5 stays; with min_p 0.5 only 0.5 and 0.3 remain, and the nucleus of
+    # what is left (0.625, 0.375) needs both; min_p 0 keeps all for top-k.
+    assert kept.tolist() == [
+        [True, True, True, False],
+        [True, True, False, False],
+        [True, False, False, False],
+    ]
+
+
+def test_min_p_draws_only_from_tokens_that_likely_after_temperature():
+    logits = logits_rows(1, vocab=30).expand(2000, 30)
+    tokens, logprobs, _ = BatchSampler([RowSettings(1.5, min_p=0.1)] * 2000).sample(
+        logits, torch.Generator().manual_seed(5)
+    )
+    probs = torch.softmax(logits[0] / 1.5, -1)
+    allowed = (probs >= 0.1 * probs.max()).nonzero()[:, 0].tolist()
+    assert len(allowed) > 1
+    assert set(tokens.tolist()) == set(allowed)
+    # The logprobs are the tempered distribution's, before the truncation.
+    torch.testing.assert_close(logprobs, probs.log()[tokens])
+
+
 def test_truncation_always_keeps_the_most_likely_token():
     logits = logits_rows(2)
     kept = truncate(logits, top_k=torch.tensor([0, 1]), top_p=torch.tensor([1e-6, 1.0])).isfinite()

@@ -49,6 +49,7 @@ def test_sampling_translation_keeps_the_contract():
         "temperature": 0.0,
         "top_p": 1.0,
         "top_k": -1,
+        "min_p": 0.0,
         "max_tokens": 7,
         "stop_token_ids": [1, 4],
         "ignore_eos": True,
@@ -61,6 +62,7 @@ def test_sampling_translation_keeps_the_contract():
         "detokenize": False,
     }
     assert sampling_kwargs(SamplingParams(max_tokens=2, top_k=5, top_p=0.9))["top_k"] == 5
+    assert sampling_kwargs(SamplingParams(max_tokens=2, min_p=0.2))["min_p"] == 0.2
     penalised = sampling_kwargs(
         SamplingParams(
             max_tokens=2,
