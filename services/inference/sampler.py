@@ -85,7 +85,9 @@ class BatchSampler:
         if self.truncates:
             self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
             self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
-            self.min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=device)
+            self.min_p = None
+            if any(r.min_p > 0 for r in rows):
+                self.min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
         adjusting = [(i, r.adjustments) for i, r in enumerate(rows) if r.adjustments is not None]
