@@ -30,10 +30,11 @@ calls an answer writes (Hermes format, `rlrun.inference.tool_calls`) come back a
 
 Every field of a request is honoured or refused with a 400 naming it, never silently
 dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`,
-`response_format`, ...) are accepted only at the value that changes nothing, fields that only label a request (`user`, `metadata`, ...) are
-accepted and ignored, and a field OpenAI does not know is refused, as OpenAI does.
-`top_k`, `min_p`, `stop_token_ids` and `repetition_penalty` are accepted as vLLM-style extensions. The
-`model` field is accepted and ignored: one model is served.
+`response_format`, ...) are accepted only at the value that changes nothing, fields that
+only label a request (`user`, `metadata`, ...) are accepted and ignored, and a field OpenAI
+does not know is refused, as OpenAI does. `top_k`, `min_p`, `stop_token_ids` and
+`repetition_penalty` are accepted as vLLM-style extensions. The `model` field is accepted
+and ignored: one model is served.
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 Order, as in vLLM: the logit bias, the repetition penalty, the presence and frequency
 penalties (these four from the OpenAI-compatible API only), then temperature, then min-p,
-then top-k, then top-p over what they kept. The logprob returned for a sampled token is log softmax(logits' / T) at that token,
-with logits' the biased and penalised logits, before min-p/top-k/top-p truncation (T = 1 for
-greedy rows): without bias and penalties, the distribution the trainer recomputes. Sampling uses the exponential race (argmax of log p - log E, E ~ Exp(1)),
-which draws exactly from the categorical and lets seeded rows draw their own noise. Rows
-that ask for `top_logprobs` also get the most likely tokens of that same distribution.
+then top-k, then top-p over what they kept. The logprob returned for a sampled token is
+log softmax(logits' / T) at that token, with logits' the biased and penalised logits, before
+min-p/top-k/top-p truncation (T = 1 for greedy rows): without bias and penalties, the
+distribution the trainer recomputes. Sampling uses the exponential race (argmax of
+log p - log E, E ~ Exp(1)), which draws exactly from the categorical and lets seeded rows
+draw their own noise. Rows that ask for `top_logprobs` also get the most likely tokens of
+that same distribution.
 """
 
 from __future__ import annotations

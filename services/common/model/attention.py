@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,7 @@ class PackedCausal:
     def from_offsets(cls, cu_seqlens: torch.Tensor) -> PackedCausal:
         """From [n+1] offsets of n packed sequences (a CPU tensor)."""
         offsets = cu_seqlens.tolist()
-        return cls([end - start for start, end in zip(offsets, offsets[1:], strict=False)])
+        return cls([end - start for start, end in pairwise(offsets)])
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, KV, D]

@@ -402,13 +402,13 @@ class TorchEngineCore:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed * 1_000_003 + index)
             settings = RowSettings(
-                params.temperature,
-                params.top_k,
-                params.top_p,
-                params.min_p,
-                generator,
-                params.top_logprobs,
-                adjustments,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                min_p=params.min_p,
+                generator=generator,
+                top_logprobs=params.top_logprobs,
+                adjustments=adjustments,
             )
             samples.append(
                 _Sample(
