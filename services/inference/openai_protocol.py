@@ -459,6 +459,15 @@ def _token_text(tokenizer: Tokenizer, token: int) -> str:
     return tokenizer.decode([token], skip_special_tokens=False)
 
 
+LOWEST_LOGPROB = -9999.0
+"""What an alternative that min_p/top_k/top_p truncated away reports: its logprob is -inf,
+which JSON cannot carry (vLLM reports the same)."""
+
+
+def _json_logprob(value: float) -> float:
+    return max(value, LOWEST_LOGPROB)
+
+
 @dataclass
 class Echo:
     """A prompt repeated before its completion (`echo`): its tokens, each one's logprob (None
@@ -485,7 +494,9 @@ def completion_logprobs(
     top_maps = None
     if top is not None:
         top_maps = [
-            None if position is None else {_token_text(tokenizer, t): value for t, value in position}
+            None
+            if position is None
+            else {_token_text(tokenizer, t): _json_logprob(value) for t, value in position}
             for position in top
         ]
     return {
@@ -498,7 +509,7 @@ def completion_logprobs(
 
 def _chat_entry(tokenizer: Tokenizer, token: int, logprob: float) -> dict:
     text = _token_text(tokenizer, token)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    return {"token": text, "logprob": _json_logprob(logprob), "bytes": list(text.encode())}
 
 
 def chat_logprobs(

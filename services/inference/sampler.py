@@ -2,13 +2,15 @@
 
 Order, as in vLLM: the logit bias, the repetition penalty, the presence and frequency
 penalties (these four from the OpenAI-compatible API only), then temperature, then min-p,
-then top-k, then top-p over what they kept. The logprob returned for a sampled token is
-log softmax(logits' / T) at that token, with logits' the biased and penalised logits, before
-min-p/top-k/top-p truncation (T = 1 for greedy rows): without bias and penalties, the
-distribution the trainer recomputes. Sampling uses the exponential race (argmax of
-log p - log E, E ~ Exp(1)), which draws exactly from the categorical and lets seeded rows
-draw their own noise. Rows that ask for `top_logprobs` also get the most likely tokens of
-that same distribution.
+then top-k, then top-p over what they kept. The logprob returned for a sampled token is its
+logprob under the distribution it was drawn from: log softmax(logits' / T) with logits' the
+biased and penalised logits, renormalised over the tokens min-p/top-k/top-p kept (what vLLM
+reports as `processed_logprobs`). Without bias, penalties and truncation, that is the
+distribution the trainer recomputes. Greedy rows draw from no distribution; they report the
+model's own, T = 1 and untruncated (as vLLM does for a greedy batch). Sampling uses the
+exponential race (argmax of log p - log E, E ~ Exp(1)), which draws exactly from the
+categorical and lets seeded rows draw their own noise. Rows that ask for `top_logprobs` also
+get the most likely tokens of that same distribution (a truncated token's logprob is -inf).
 """
 
 from __future__ import annotations
@@ -101,17 +103,23 @@ class BatchSampler:
         if self.adjuster is not None:
             logits = self.adjuster.adjust(logits)
         scaled = logits / self.temperature if self.scaled else logits
-        logprobs = torch.log_softmax(scaled, dim=-1)
         if self.all_greedy:
+            logprobs = torch.log_softmax(scaled, dim=-1)
             tokens = logits.argmax(dim=-1)
         else:
-            candidates = truncate(scaled, self.top_k, self.top_p, self.min_p) if self.truncates else logprobs
-            noise = torch.empty_like(candidates).exponential_(generator=generator)
+            if self.truncates:
+                logprobs = torch.log_softmax(truncate(scaled, self.top_k, self.top_p, self.min_p), dim=-1)
+                if self.any_greedy:
+                    untruncated = torch.log_softmax(scaled, dim=-1)
+                    logprobs = torch.where(self.greedy[:, None], untruncated, logprobs)
+            else:
+                logprobs = torch.log_softmax(scaled, dim=-1)
+            noise = torch.empty_like(logprobs).exponential_(generator=generator)
             for row, row_generator in self.seeded:
                 noise[row].exponential_(generator=row_generator)
             # exponential_ may return exactly 0; its log would make that token win outright
             # (and turn a truncated token's -inf into NaN, which argmax would pick).
-            tokens = (candidates - noise.clamp_(min=torch.finfo(noise.dtype).tiny).log()).argmax(dim=-1)
+            tokens = (logprobs - noise.clamp_(min=torch.finfo(noise.dtype).tiny).log()).argmax(dim=-1)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
         if self.adjuster is not None:

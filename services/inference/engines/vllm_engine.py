@@ -6,11 +6,9 @@ translation functions, unit-tested on CPU) imports without it.
 Semantics against the torch engine:
 - Generation stops only on the request's `stop_token_ids` (`ignore_eos`), and the stop token
   is returned, as with the torch engine.
-- Logprobs come from vLLM's `processed_logprobs` mode: after the logit bias, the penalties
-  and temperature (T = 1 for greedy), as the torch engine's.
-  vLLM applies min-p, top-k and top-p before computing them, so with min_p/top_k/top_p set
-  they are logprobs of the truncated distribution, unlike the torch engine (which reports them
-  before truncation).
+- Logprobs come from vLLM's `processed_logprobs` mode: after the logit bias, the penalties,
+  temperature (T = 1 for greedy) and min-p/top-k/top-p truncation, renormalised over what it
+  kept: the distribution sampled from, as the torch engine's sampler reports them.
 - `policy_version_start` is the version when the request was submitted (vLLM reports no
   per-token timing here): a conservative bound for staleness checks.
 - Score runs at temperature 1 only (vLLM's prompt logprobs are raw).

@@ -111,13 +111,17 @@ async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
 
 
 async def test_min_p_one_draws_the_most_likely_token_only(client):
-    settings = {"model": "reverse_text", "prompt": ["abc", "hello"], "max_tokens": 8, "logprobs": 0}
+    settings = {"model": "reverse_text", "prompt": ["abc", "hello"], "max_tokens": 8, "logprobs": 2}
     greedy = await client.completions.create(temperature=0.0, **settings)
     only_top = await client.completions.create(temperature=1.5, n=3, extra_body={"min_p": 1.0}, **settings)
     for index, choice in enumerate(only_top.choices):
         assert choice.text == greedy.choices[index // 3].text
-    # The logprobs stay those of the tempered distribution, not of the truncated one (0).
-    assert all(lp < 0 for c in only_top.choices for lp in c.logprobs.token_logprobs)
+        # The logprobs are those of the distribution drawn from: one token left, so 0; the
+        # alternative it cut off reports vLLM's -9999 (JSON has no -inf).
+        assert choice.logprobs.token_logprobs and set(choice.logprobs.token_logprobs) == {0.0}
+        for top in choice.logprobs.top_logprobs:
+            assert sorted(top.values()) == [-9999.0, 0.0]
+    assert all(lp < 0 for c in greedy.choices for lp in c.logprobs.token_logprobs)
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(
             model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_p": 2.0}

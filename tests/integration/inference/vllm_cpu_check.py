@@ -155,7 +155,8 @@ async def check(output_dir: Path, family: str) -> dict:
             "penalised_is_adjusted_argmax": penalised.token_ids == greedy_loop(model, prompt, 12, adjusted),
             "penalised_differs": penalised.token_ids != greedy.token_ids,
             "min_p_one_is_greedy": all(c.token_ids == greedy.token_ids for c in only_top),
-            # vLLM's logprobs are after truncation: min_p 1 leaves one token, of logprob 0.
+            # Logprobs of the distribution drawn from, as the torch engine reports them: min_p 1
+            # leaves one token, of logprob 0.
             "min_p_truncated_logprob": max(abs(lp) for c in only_top for lp in c.logprobs),
             "penalised_logprob_diff": (
                 torch.tensor(penalised.logprobs)

@@ -228,6 +228,23 @@ def test_bodies_carry_each_positions_most_likely_tokens(tokenizer):
     assert logprobs["tokens"] == ["a", "b"] and logprobs["text_offset"] == [0, 1]
 
 
+def test_an_alternative_truncated_away_reports_vllms_lowest_logprob_in_valid_json(tokenizer):
+    a, b = tokenizer.encode("ab")
+    completion = Completion([a], [0.0], "length", 0, 0, [[(a, 0.0), (b, float("-inf"))]])
+    chat = chat_body(
+        ChatCompletionRequest(messages=[{"role": "user"}], logprobs=True, top_logprobs=2),
+        tokenizer,
+        "m",
+        1,
+        [completion],
+    )
+    [entry] = chat["choices"][0]["logprobs"]["content"]
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [0.0, -9999.0]
+    text = completion_body(CompletionRequest(prompt="x", logprobs=2), tokenizer, "m", 1, [completion])
+    assert text["choices"][0]["logprobs"]["top_logprobs"] == [{"a": 0.0, "b": -9999.0}]
+    json.dumps([chat, text], allow_nan=False)
+
+
 def test_token_id_prompts_pass_through(tokenizer):
     assert completion_prompts(CompletionRequest(prompt=[3, 4, 5]), tokenizer) == [("prompt", [3, 4, 5])]
 

@@ -20,14 +20,29 @@ def test_greedy_rows_take_the_argmax_and_report_the_temperature_one_logprob():
     torch.testing.assert_close(logprobs, expected)
 
 
-def test_sampled_logprobs_are_under_the_tempered_distribution_before_truncation():
+def test_sampled_logprobs_are_under_the_tempered_distribution_renormalised_over_what_truncation_kept():
     logits = logits_rows(4)
-    rows = [RowSettings(0.7), RowSettings(1.3, top_k=3), RowSettings(0.5, top_p=0.5), RowSettings(0.0)]
+    rows = [
+        RowSettings(0.7),
+        RowSettings(1.3, top_k=3),
+        RowSettings(0.5, top_p=0.8),
+        RowSettings(0.0, top_k=1),
+    ]
     tokens, logprobs, _ = BatchSampler(rows).sample(logits, torch.Generator().manual_seed(2))
     temperatures = torch.tensor([0.7, 1.3, 0.5, 1.0])[:, None]
-    expected = torch.log_softmax(logits / temperatures, -1).gather(1, tokens[:, None])[:, 0]
+    probs = torch.softmax(logits / temperatures, -1)
+    kept = torch.ones_like(probs, dtype=torch.bool)
+    kept[1] = probs[1] >= probs[1].topk(3).values[-1]
+    ordered = probs[2].sort(descending=True)
+    nucleus = ordered.indices[: int((ordered.values.cumsum(0) < 0.8).sum()) + 1]
+    kept[2] = False
+    kept[2, nucleus] = True
+    assert 1 < kept[2].sum() < kept.shape[1]
+    # The greedy row reports the model's own distribution, untruncated by its top_k.
+    expected = (probs / (probs * kept).sum(-1, keepdim=True)).log().gather(1, tokens[:, None])[:, 0]
     torch.testing.assert_close(logprobs, expected)
     assert tokens[3] == logits[3].argmax()
+    assert kept.gather(1, tokens[:, None]).all()
 
 
 def test_truncate_keeps_the_top_k_then_the_nucleus():
@@ -62,8 +77,9 @@ def test_min_p_draws_only_from_tokens_that_likely_after_temperature():
     allowed = (probs >= 0.1 * probs.max()).nonzero()[:, 0].tolist()
     assert len(allowed) > 1
     assert set(tokens.tolist()) == set(allowed)
-    # The logprobs are the tempered distribution's, before the truncation.
-    torch.testing.assert_close(logprobs, probs.log()[tokens])
+    # The logprobs are those of the distribution drawn from: the tempered one over the
+    # tokens min-p kept.
+    torch.testing.assert_close(logprobs, (probs / probs[allowed].sum()).log()[tokens])
 
 
 def test_truncation_always_keeps_the_most_likely_token():

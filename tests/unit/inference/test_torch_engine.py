@@ -2,6 +2,7 @@
 continuous batching, weight updates, cancellation, pausing, scoring."""
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -31,9 +32,24 @@ def argmax_loop(model, prompt: list[int], steps: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def recomputed_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+def recomputed_logprobs(
+    model, prompt: list[int], completion: list[int], temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Each token's logprob under the tempered distribution, renormalised over the k most
+    likely tokens and then over the nucleus of what is left."""
     logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1] / temperature
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+    logprobs = []
+    for row, token in zip(torch.softmax(logits.double(), -1), completion, strict=True):
+        probs, order = row.sort(descending=True)
+        if top_k:
+            probs, order = probs[:top_k], order[:top_k]
+        probs = probs / probs.sum()
+        nucleus = probs.cumsum(0) - probs < top_p
+        kept = dict(
+            zip(order[nucleus].tolist(), (probs[nucleus] / probs[nucleus].sum()).tolist(), strict=True)
+        )
+        logprobs.append(math.log(kept[token]))
+    return torch.tensor(logprobs)
 
 
 PROMPTS = [[5, 6, 7, 8], [10, 11], [20, 21, 22, 23, 24, 25, 26, 27, 28], [40]]
@@ -85,7 +101,9 @@ async def test_logprobs_equal_a_recomputed_forward_pass(engine, model):
     results = await asyncio.gather(*[engine.generate(PROMPTS[0], s) for s in settings])
     for params, completions in zip(settings, results, strict=True):
         for completion in completions:
-            expected = recomputed_logprobs(model, PROMPTS[0], completion.token_ids, params.temperature or 1.0)
+            expected = recomputed_logprobs(
+                model, PROMPTS[0], completion.token_ids, params.temperature or 1.0, params.top_k, params.top_p
+            )
             torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
 
 
@@ -169,8 +187,14 @@ async def test_logprobs_are_under_the_biased_and_penalised_distribution(engine, 
     results = await asyncio.gather(*[engine.generate(PROMPTS[2], s) for s in settings])
     for params, completions in zip(settings, results, strict=True):
         for completion in completions:
-            logits = adjusted_logits(model, PROMPTS[2], completion.token_ids, params)
-            expected = torch.log_softmax(logits / (params.temperature or 1.0), -1)
+            scaled = adjusted_logits(model, PROMPTS[2], completion.token_ids, params) / (
+                params.temperature or 1.0
+            )
+            if params.top_k:  # renormalised over the k most likely adjusted tokens
+                scaled = scaled.masked_fill(
+                    scaled < scaled.topk(params.top_k, -1).values[:, -1:], float("-inf")
+                )
+            expected = torch.log_softmax(scaled, -1)
             chosen = expected.gather(1, torch.tensor(completion.token_ids)[:, None])[:, 0]
             torch.testing.assert_close(torch.tensor(completion.logprobs), chosen, atol=1e-4, rtol=0)
             if params.top_logprobs:
