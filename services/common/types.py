@@ -51,6 +51,10 @@ class SamplingParams:
     """vLLM's: tokens less likely than min_p times the most likely one (after temperature) are
     never drawn, before top-k and top-p (0: off). Set by the OpenAI-compatible API only."""
     stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    """vLLM's: the stop tokens cannot be drawn before a sample has generated this many tokens
+    (they are masked out of the distribution sampled from, so the logprobs exclude them).
+    Set by the OpenAI-compatible API only."""
     seed: int | None = None
     n: int = 1
     top_logprobs: int = 0
@@ -78,7 +82,11 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Whether the distribution sampled from differs from the model's (before temperature)."""
         return bool(
-            self.logit_bias or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+            self.logit_bias
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1
+            or (self.min_tokens and self.stop_token_ids)
         )
 
     def validate(
@@ -106,6 +114,11 @@ class SamplingParams:
         if self.max_tokens <= 0:
             raise WireError(
                 f"{where}.max_tokens", f"{where}.max_tokens must be positive, got {self.max_tokens}"
+            )
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise WireError(
+                f"{where}.min_tokens",
+                f"{where}.min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}",
             )
         if self.n < 1:
             raise WireError(f"{where}.n", f"{where}.n must be >= 1, got {self.n}")

@@ -38,11 +38,11 @@ from rlrun.inference.openai_protocol import (
     completion_logprobs,
     completion_prompts,
     error_body,
-    long_stop_strings,
     new_id,
     now,
     sampling_params,
     stop_strings,
+    text_stop_strings,
     usage,
 )
 from rlrun.inference.tool_calls import ToolCall, ToolCallStream
@@ -181,7 +181,7 @@ def build_openai_app(
     def generator(body):
         """engine.generate, or where stop sequences of several tokens need the text to be
         watched, `_until_stopped` over the engine's stream."""
-        stops = long_stop_strings(body, tokenizer)
+        stops = text_stop_strings(body, tokenizer)
         if not stops:
             return engine.generate
         return lambda prompt, params: _until_stopped(engine, tokenizer, prompt, params, stop_strings(body))
@@ -346,7 +346,7 @@ async def _until_stopped(
     engine) once every sample has stopped or finished."""
     version_start = engine.policy_version
     samples = range(params.n)
-    texts = [TextStream(tokenizer, stops) for _ in samples]
+    texts = [TextStream(tokenizer, stops, params.min_tokens) for _ in samples]
     token_ids: list[list[int]] = [[] for _ in samples]
     logprobs: list[list[float]] = [[] for _ in samples]
     tops = [[] if params.top_logprobs else None for _ in samples]
@@ -405,7 +405,7 @@ async def _stream_chunks(
 ) -> AsyncIterator[dict]:
     """`first`: the first deltas (None: nothing is generated); `echoes`: with `echo`, each
     choice's prompt, sent as its first chunk."""
-    texts = [TextStream(tokenizer, stop_strings(body)) for _ in range(choices)]
+    texts = [TextStream(tokenizer, stop_strings(body), body.min_tokens) for _ in range(choices)]
     calls = None
     if isinstance(body, ChatCompletionRequest) and body.parses_tool_calls():
         calls = [_StreamedCalls(body.tool_call_limit()) for _ in range(choices)]

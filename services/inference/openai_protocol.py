@@ -32,8 +32,8 @@ Every field of a request is honoured or refused with a 400 naming it, never sile
 dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`,
 `response_format`, ...) are accepted only at the value that changes nothing, fields that
 only label a request (`user`, `metadata`, ...) are accepted and ignored, and a field OpenAI
-does not know is refused, as OpenAI does. `top_k`, `min_p`, `stop_token_ids` and
-`repetition_penalty` are accepted as vLLM-style extensions. The `model` field is accepted
+does not know is refused, as OpenAI does. `top_k`, `min_p`, `stop_token_ids`,
+`repetition_penalty` and `min_tokens` are accepted as vLLM-style extensions. The `model` field is accepted
 and ignored: one model is served.
 """
 
@@ -97,6 +97,9 @@ class _SamplingFields(BaseModel):
     n: int = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = []
+    min_tokens: int = 0
+    """vLLM's extension: no stop token is drawn, and no stop sequence ends a choice, before it
+    has this many tokens."""
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -283,31 +286,49 @@ def stop_strings(request: _SamplingFields) -> list[str]:
     return strings
 
 
-def long_stop_strings(request: _SamplingFields, tokenizer: Tokenizer) -> list[str]:
-    """The stop sequences of more than one token, which only the text can show (the engine
-    stops on the single-token ones itself)."""
+def text_stop_strings(request: _SamplingFields, tokenizer: Tokenizer) -> list[str]:
+    """The stop sequences only the text can show: those of more than one token (the engine
+    stops on single-token ones itself), or all of them with `min_tokens`, since vLLM lets a
+    single-token stop sequence be drawn before min_tokens (it only does not end the choice
+    there), while the engine masks its stop tokens out."""
+    if request.min_tokens:
+        return stop_strings(request)
     return [text for text in stop_strings(request) if len(tokenizer.encode(text)) != 1]
 
 
 def _stop_token_ids(request: _SamplingFields, tokenizer: Tokenizer) -> list[int]:
     stops = list(tokenizer.stop_token_ids) + list(request.stop_token_ids)
-    for text in stop_strings(request):
-        ids = tokenizer.encode(text)
-        if len(ids) == 1:
-            stops.append(ids[0])
+    if not request.min_tokens:
+        for text in stop_strings(request):
+            ids = tokenizer.encode(text)
+            if len(ids) == 1:
+                stops.append(ids[0])
     return sorted(set(stops))
 
 
-def first_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
-    """Where the earliest stop sequence in text[start:] begins; None when there is none."""
-    found = [at for at in (text.find(stop, start) for stop in stops) if at >= 0]
+def first_stop(text: str, stops: Sequence[str], start: int = 0, after: int = 0) -> int | None:
+    """Where the earliest stop sequence in text[start:] that ends past text[:after] begins;
+    None when there is none."""
+    found = [at for at in (text.find(stop, max(start, after - len(stop) + 1)) for stop in stops) if at >= 0]
     return min(found) if found else None
 
 
-def visible_text(tokenizer: Tokenizer, token_ids: Sequence[int], stops: Sequence[str]) -> tuple[str, bool]:
-    """A choice's text, ending before its first stop sequence, and whether one was found."""
+def min_tokens_text(tokenizer: Tokenizer, token_ids: Sequence[int], min_tokens: int) -> int | None:
+    """How many characters of text the first `min_tokens` tokens make, where a stop sequence
+    may not end; None while there are fewer tokens than that (no stop sequence counts yet)."""
+    if len(token_ids) < min_tokens:
+        return None
+    return len(tokenizer.decode(token_ids[:min_tokens])) if min_tokens else 0
+
+
+def visible_text(
+    tokenizer: Tokenizer, token_ids: Sequence[int], stops: Sequence[str], min_tokens: int = 0
+) -> tuple[str, bool]:
+    """A choice's text, ending before its first stop sequence (one that ends past its first
+    `min_tokens` tokens), and whether one was found."""
     text = tokenizer.decode(token_ids)
-    cut = first_stop(text, stops)
+    after = min_tokens_text(tokenizer, token_ids, min_tokens)
+    cut = None if after is None else first_stop(text, stops, after=after)
     return (text, False) if cut is None else (text[:cut], True)
 
 
@@ -328,6 +349,7 @@ def sampling_params(
         top_k=request.top_k,
         min_p=request.min_p,
         stop_token_ids=_stop_token_ids(request, tokenizer),
+        min_tokens=request.min_tokens,
         seed=request.seed,
         n=request.samples_per_prompt(),
         top_logprobs=request.top_logprobs_count(),
@@ -404,13 +426,15 @@ def _text_part(part: ContentPart, where: str) -> str:
 
 class TextStream:
     """Incremental detokenization of one sample: the text each new batch of tokens adds, up
-    to the first stop sequence (then `stopped`). Holds back a trailing U+FFFD, the mark of a
-    multi-byte character not yet complete, and the tail that could still begin a stop
-    sequence; `finish` releases that tail once the sample has ended otherwise."""
+    to the first stop sequence that ends past its first `min_tokens` tokens (then `stopped`).
+    Holds back a trailing U+FFFD, the mark of a multi-byte character not yet complete, and
+    the tail that could still begin a stop sequence; `finish` releases that tail once the
+    sample has ended otherwise."""
 
-    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()):
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stops = list(stops)
+        self.min_tokens = min_tokens
         self.token_ids: list[int] = []
         self.emitted = ""
         self.stopped = False
@@ -424,7 +448,10 @@ class TextStream:
         text = self.tokenizer.decode(self.token_ids)
         if text.endswith("\ufffd"):
             return ""
-        cut = first_stop(text, self.stops, max(0, self._searched - self._hold))
+        after = min_tokens_text(self.tokenizer, self.token_ids, self.min_tokens)
+        cut = None
+        if after is not None:
+            cut = first_stop(text, self.stops, max(0, self._searched - self._hold), after)
         if cut is not None:
             self.stopped = True
             end = cut
@@ -566,7 +593,7 @@ def completion_body(
             logprobs = echo.logprobs + logprobs
             if top is not None and echo.top is not None:
                 top = echo.top + top
-        text, stopped = visible_text(tokenizer, completion.token_ids, stops)
+        text, stopped = visible_text(tokenizer, completion.token_ids, stops, request.min_tokens)
         if echoes is not None:
             text = tokenizer.decode(echoes[index].token_ids) + text
         choices.append(
@@ -605,7 +632,7 @@ def chat_body(
             logprobs = chat_logprobs(
                 tokenizer, completion.token_ids, completion.logprobs, completion.top_logprobs
             )
-        text, stopped = visible_text(tokenizer, completion.token_ids, stops)
+        text, stopped = visible_text(tokenizer, completion.token_ids, stops, request.min_tokens)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         reason = "stop" if stopped else completion.finish_reason
         if parses_tool_calls:

@@ -30,6 +30,9 @@ class LogitAdjustments:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    """Masked out until the row has generated `min_tokens` tokens."""
 
     @property
     def penalised(self) -> bool:
@@ -131,13 +134,14 @@ class BatchSampler:
 
 
 class LogitAdjuster:
-    """The logit bias and the penalties of the rows that have them, in vLLM's order: the bias,
-    then the repetition penalty (over the prompt and the tokens generated so far), then the
-    presence and frequency penalties (over the tokens generated so far).
+    """The logit bias, the min_tokens mask and the penalties of the rows that have them, in
+    vLLM's order: the bias and the mask of the stop tokens (for a row that has generated fewer
+    than its min_tokens), then the repetition penalty (over the prompt and the tokens generated
+    so far), then the presence and frequency penalties (over the tokens generated so far).
 
-    Penalised rows count the tokens each has generated: from `history` on the first step,
-    then from what is sampled (`record`), so every sampled token must be appended to its row
-    before the batch's sampler is rebuilt."""
+    Penalised and min_tokens rows count the tokens each has generated: from `history` on the
+    first step, then from what is sampled (`record`), so every sampled token must be appended
+    to its row before the batch's sampler is rebuilt."""
 
     def __init__(
         self,
@@ -145,18 +149,28 @@ class LogitAdjuster:
         device: torch.device | str,
         history: History | None,
     ):
+        if history is None and any(a.penalised or a.min_tokens for _, a in rows):
+            raise ValueError("penalised and min_tokens rows need their history")
         biased = [(row, token, bias) for row, a in rows for token, bias in a.logit_bias.items()]
         self.bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         if biased:
             rows_of, tokens_of, values = zip(*biased, strict=True)
             index = (torch.tensor(rows_of, device=device), torch.tensor(tokens_of, device=device))
             self.bias = (index, torch.tensor(values, dtype=torch.float32, device=device))
+        held = [(row, a) for row, a in rows if a.stop_token_ids and a.min_tokens > len(history(row)[1])]
+        self.held: torch.Tensor | None = None
+        """The rows whose stop tokens are masked out for now."""
+        if held:
+            self.held = torch.tensor([row for row, _ in held], device=device)
+            self._held_stops = [a.stop_token_ids for _, a in held]
+            self._held_mask: torch.Tensor | None = None
+            self._tokens_left = torch.tensor(
+                [a.min_tokens - len(history(row)[1]) for row, a in held], device=device
+            )
         penalised = [(row, a) for row, a in rows if a.penalised]
         self.penalised: torch.Tensor | None = None
         if not penalised:
             return
-        if history is None:
-            raise ValueError("penalised rows need their history")
         self.penalised = torch.tensor([row for row, _ in penalised], device=device)
         self.presence = torch.tensor([a.presence_penalty for _, a in penalised], device=device)[:, None]
         self.frequency = torch.tensor([a.frequency_penalty for _, a in penalised], device=device)[:, None]
@@ -179,6 +193,16 @@ class LogitAdjuster:
         if self.bias is not None:
             index, values = self.bias
             logits = logits.index_put(index, values, accumulate=True)
+        if self.held is not None:
+            if self._held_mask is None:
+                self._held_mask = torch.zeros(
+                    len(self._held_stops), logits.shape[-1], dtype=torch.bool, device=logits.device
+                )
+                for row, stops in enumerate(self._held_stops):
+                    self._held_mask[row, list(stops)] = True
+            masked = self._held_mask & (self._tokens_left > 0)[:, None]
+            rows = logits.index_select(0, self.held).masked_fill(masked, float("-inf"))
+            logits = logits.index_copy(0, self.held, rows)
         if self.penalised is None:
             return logits
         if self._counts is None:
@@ -193,6 +217,8 @@ class LogitAdjuster:
 
     def record(self, tokens: torch.Tensor) -> None:
         """Counts the tokens just sampled (one per row of the batch)."""
+        if self.held is not None:
+            self._tokens_left -= 1
         if self.penalised is not None:
             self._count(self._rows, tokens[self.penalised])
 

@@ -393,6 +393,8 @@ class TorchEngineCore:
                 params.presence_penalty,
                 params.frequency_penalty,
                 params.repetition_penalty,
+                params.min_tokens,
+                tuple(params.stop_token_ids),
             )
         samples = []
         for offset, slot in enumerate(admission.slots):

@@ -9,6 +9,9 @@ Semantics against the torch engine:
 - Logprobs come from vLLM's `processed_logprobs` mode: after the logit bias, the penalties,
   temperature (T = 1 for greedy) and min-p/top-k/top-p truncation, renormalised over what it
   kept: the distribution sampled from, as the torch engine's sampler reports them.
+- `min_tokens` holds off the request's `stop_token_ids` and, in vLLM, the checkpoint's
+  `eos_token_id` as well, whatever `ignore_eos` says; the OpenAI layer always lists the end
+  tokens in `stop_token_ids`, so both engines hold off the same tokens there.
 - `policy_version_start` is the version when the request was submitted (vLLM reports no
   per-token timing here): a conservative bound for staleness checks.
 - Score runs at temperature 1 only (vLLM's prompt logprobs are raw).
@@ -94,6 +97,7 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "min_p": params.min_p,
         "max_tokens": params.max_tokens,
         "stop_token_ids": list(params.stop_token_ids),
+        "min_tokens": params.min_tokens,
         "ignore_eos": True,
         "seed": params.seed,
         "presence_penalty": params.presence_penalty,

@@ -6,12 +6,14 @@ import torch
 
 def adjusted_logits(logits: torch.Tensor, prompt: list[int], completion: list[int], params) -> torch.Tensor:
     """`logits` [len(completion), V], the model's for each completion token, as the request's
-    `params` (a SamplingParams) adjusted them: plus its logit bias, then its repetition penalty
-    over the prompt and the tokens generated before that one, less its presence and frequency
-    penalties over those generated."""
+    `params` (a SamplingParams) adjusted them: plus its logit bias, its stop tokens at -inf
+    before min_tokens, then its repetition penalty over the prompt and the tokens generated
+    before that one, less its presence and frequency penalties over those generated."""
     logits = logits.float().clone()
     for token, bias in params.logit_bias.items():
         logits[:, token] += bias
+    for position in range(min(params.min_tokens, len(completion))):
+        logits[position, params.stop_token_ids] = float("-inf")
     counts = torch.zeros(logits.shape[-1])
     in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
     in_prompt[prompt] = True

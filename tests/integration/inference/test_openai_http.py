@@ -129,6 +129,33 @@ async def test_min_p_one_draws_the_most_likely_token_only(client):
     assert caught.value.body["param"] == "min_p"
 
 
+async def test_min_tokens_holds_off_the_end_token_and_stop_sequences(client):
+    tokenizer = load_tokenizer(REPO / "configs/tokenizer/lowercase.json")
+    [x] = tokenizer.encode("x")
+    settings = {"model": "reverse_text", "prompt": "abc", "max_tokens": 8, "temperature": 1.0}
+    ending = {str(tokenizer.eos_token_id): 100}
+    ended = await client.completions.create(logit_bias=ending, **settings)
+    assert ended.usage.completion_tokens == 1 and ended.choices[0].finish_reason == "stop"
+    held = await client.completions.create(logit_bias=ending, extra_body={"min_tokens": 5}, n=2, **settings)
+    assert held.usage.completion_tokens == 2 * 6  # 5 tokens that are not the end, then the end
+    assert [c.finish_reason for c in held.choices] == ["stop", "stop"]
+    # "x" may be drawn before min_tokens; only from the 4th on does it end the text.
+    for stream in (False, True):
+        reply = await client.completions.create(
+            logit_bias={str(x): 100}, stop="x", extra_body={"min_tokens": 3}, stream=stream, **settings
+        )
+        if stream:
+            chunks = [chunk async for chunk in reply]
+            text = "".join(c.text for chunk in chunks for c in chunk.choices)
+            reason = [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason]
+        else:
+            text, reason = reply.choices[0].text, [reply.choices[0].finish_reason]
+        assert (text, reason) == ("xxx", ["stop"])
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(extra_body={"min_tokens": 9}, **settings)
+    assert caught.value.body["param"] == "min_tokens"
+
+
 async def test_best_of_answers_the_best_of_the_same_seeded_samples(client):
     settings = {
         "model": "reverse_text",
@@ -159,9 +186,9 @@ async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
     assert caught.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(
-            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"min_tokens": 2}
+            model="reverse_text", prompt="abc", max_tokens=2, extra_body={"guided_regex": "a+"}
         )
-    assert caught.value.body["param"] == "min_tokens"
+    assert caught.value.body["param"] == "guided_regex"
     # The values that change nothing are served.
     reply = await client.completions.create(
         model="reverse_text", prompt="abc", max_tokens=2, best_of=1, suffix="", user="bob"

@@ -47,12 +47,13 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
             "greedy_logprob_diff",
             "penalised_logprob_diff",
             "min_p_truncated_logprob",
+            "min_tokens_logprob_diff",
             "score_diff",
             "updated_logprob_diff",
         ):
             assert report[key] < 1e-4, reports
         assert report["greedy_is_argmax"]
-        assert report["min_p_one_is_greedy"], reports
+        assert report["min_p_one_is_greedy"] and report["min_tokens_is_adjusted_argmax"], reports
         assert report["penalised_is_adjusted_argmax"] and report["penalised_differs"], reports
         for key in ("top_logprobs", "score_top_logprobs"):
             assert report[key]["same_tokens"] and report[key]["logprob_diff"] < 1e-4, reports

@@ -120,6 +120,23 @@ async def check(output_dir: Path, family: str) -> dict:
         only_top = await engine.generate(
             prompt, SamplingParams(max_tokens=12, temperature=1.0, min_p=1.0, n=2)
         )
+        # The greedy first token, made the likeliest by far and a stop token: held off until
+        # min_tokens, then it ends the sample. vLLM holds off the checkpoint's eos_token_id
+        # too, so it is a stop token here, as the OpenAI layer always makes the end tokens.
+        stop = greedy.token_ids[0]
+        end = json.loads(Path(config.model.config).read_text())["eos_token_id"]
+        holding = SamplingParams(
+            max_tokens=12,
+            temperature=0.0,
+            stop_token_ids=sorted({stop, end}),
+            logit_bias={stop: 5.0},
+            min_tokens=4,
+        )
+        [held_off] = await engine.generate(prompt, holding)
+        expected_held = greedy_loop(model, prompt, 12, holding)
+        if stop in expected_held[4:]:
+            expected_held = expected_held[: expected_held.index(stop, 4) + 1]
+        held_logprobs = adjusted_logprobs(model, prompt, held_off.token_ids, holding)
         [ranked] = await engine.generate(
             prompt, SamplingParams(max_tokens=8, temperature=0.8, top_logprobs=3)
         )
@@ -158,6 +175,14 @@ async def check(output_dir: Path, family: str) -> dict:
             # Logprobs of the distribution drawn from, as the torch engine reports them: min_p 1
             # leaves one token, of logprob 0.
             "min_p_truncated_logprob": max(abs(lp) for c in only_top for lp in c.logprobs),
+            "min_tokens_is_adjusted_argmax": held_off.token_ids == expected_held,
+            "min_tokens_logprob_diff": (
+                torch.tensor(held_off.logprobs)
+                - held_logprobs.gather(1, torch.tensor(held_off.token_ids)[:, None])[:, 0]
+            )
+            .abs()
+            .max()
+            .item(),
             "penalised_logprob_diff": (
                 torch.tensor(penalised.logprobs)
                 - penalised_logprobs.gather(1, torch.tensor(penalised.token_ids)[:, None])[:, 0]

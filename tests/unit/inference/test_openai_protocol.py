@@ -19,8 +19,8 @@ from rlrun.inference.openai_protocol import (
     chat_prompts,
     completion_body,
     completion_prompts,
-    long_stop_strings,
     sampling_params,
+    text_stop_strings,
     visible_text,
 )
 from rlrun.inference.tool_calls import ToolCall, ToolCallStream, split_tool_calls
@@ -123,13 +123,39 @@ def test_best_of_below_n_or_streamed_is_refused(tokenizer, fields):
 
 def test_stop_sequences_of_several_tokens_are_left_to_the_text(tokenizer):
     request = CompletionRequest(prompt="abc", stop=["xy", "z"])
-    assert long_stop_strings(request, tokenizer) == ["xy"]
+    assert text_stop_strings(request, tokenizer) == ["xy"]
     assert sampling_params(request, tokenizer, 3, 32, 4).stop_token_ids == sorted(
         {tokenizer.eos_token_id, *tokenizer.encode("z")}
     )
     with pytest.raises(RequestError) as caught:
         sampling_params(CompletionRequest(prompt="abc", stop=["x", ""]), tokenizer, 3, 32, 4)
     assert caught.value.field == "stop[1]"
+
+
+def test_min_tokens_masks_the_stop_tokens_and_leaves_every_stop_sequence_to_the_text(tokenizer):
+    request = CompletionRequest(prompt="abc", stop=["xy", "z"], stop_token_ids=[7], min_tokens=3)
+    params = sampling_params(request, tokenizer, 3, 32, 4)
+    # vLLM masks the end token and stop_token_ids only: "z" may be drawn, it just cannot end
+    # the text before min_tokens, so the text watches it.
+    assert params.min_tokens == 3 and params.stop_token_ids == sorted({7, tokenizer.eos_token_id})
+    assert text_stop_strings(request, tokenizer) == ["xy", "z"]
+    for bad in (-1, 5):
+        with pytest.raises(RequestError) as caught:
+            sampling_params(CompletionRequest(prompt="abc", min_tokens=bad), tokenizer, 3, 32, 4).validate("")
+        assert caught.value.field.endswith("min_tokens")
+
+
+def test_no_stop_sequence_ends_the_text_within_its_first_min_tokens(tokenizer):
+    tokens = tokenizer.encode("ab.cd.ef")
+    assert visible_text(tokenizer, tokens, ["."], min_tokens=3) == ("ab.cd", True)
+    assert visible_text(tokenizer, tokens, ["."], min_tokens=2) == ("ab", True)  # ends past 2
+    assert visible_text(tokenizer, tokens, ["b.c"], min_tokens=3) == ("a", True)  # ends at "c"
+    assert visible_text(tokenizer, tokens, ["b.c"], min_tokens=4) == ("ab.cd.ef", False)
+    assert visible_text(tokenizer, tokens[:2], ["a"], min_tokens=3) == ("ab", False)
+    stream = TextStream(tokenizer, ["."], min_tokens=3)
+    assert [stream.push(tokenizer.encode(part)) for part in ["a", "b.", "c"]] == ["a", "b.", "c"]
+    assert not stream.stopped
+    assert stream.push(tokenizer.encode("d.e")) == "d" and stream.stopped
 
 
 def test_the_text_ends_before_the_first_stop_sequence(tokenizer):
@@ -307,7 +333,6 @@ def test_unimplemented_fields_that_change_nothing_are_accepted(fields):
     ("fields", "param"),
     [
         ({"suffix": "!"}, "suffix"),
-        ({"min_tokens": 4}, "min_tokens"),
     ],
 )
 def test_a_completion_field_that_would_be_ignored_is_refused_by_name(fields, param):

@@ -203,6 +203,37 @@ async def test_logprobs_are_under_the_biased_and_penalised_distribution(engine, 
                 )
 
 
+async def test_no_stop_token_is_drawn_before_min_tokens(engine, model):
+    # A bias makes the stop token the likeliest by far: without min_tokens every sample would
+    # stop at once. Penalised rows and plain ones share the batch.
+    stop = 17
+    settings = [
+        SamplingParams(max_tokens=12, temperature=1.0, n=4, stop_token_ids=[stop], logit_bias={stop: 6.0}),
+        SamplingParams(
+            max_tokens=12, temperature=1.0, n=4, stop_token_ids=[stop], logit_bias={stop: 6.0}, min_tokens=5
+        ),
+        SamplingParams(
+            max_tokens=12, temperature=0.0, stop_token_ids=[stop], frequency_penalty=0.5, min_tokens=8
+        ),
+        SamplingParams(max_tokens=12, temperature=0.8, stop_token_ids=[stop]),
+    ]
+    results = await asyncio.gather(*[engine.generate(PROMPTS[1], s) for s in settings])
+    assert all(c.token_ids == [stop] for c in results[0])
+    for params, completions in zip(settings[1:3], results[1:3], strict=True):
+        for completion in completions:
+            assert len(completion.token_ids) > params.min_tokens
+            assert stop not in completion.token_ids[: params.min_tokens]
+            # The logprobs are those of the masked distribution, renormalised without the stop.
+            scaled = adjusted_logits(model, PROMPTS[1], completion.token_ids, params) / (
+                params.temperature or 1.0
+            )
+            expected = torch.log_softmax(scaled, -1).gather(1, torch.tensor(completion.token_ids)[:, None])[
+                :, 0
+            ]
+            torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+    assert [c.finish_reason for c in results[1]] == ["stop"] * 4  # and then it comes
+
+
 async def test_a_large_logit_bias_forces_or_forbids_a_token(engine, model):
     forcing = SamplingParams(max_tokens=12, temperature=1.0, logit_bias={42: 100.0})
     [forced] = await engine.generate(PROMPTS[0], forcing)

@@ -52,6 +52,7 @@ def test_sampling_translation_keeps_the_contract():
         "min_p": 0.0,
         "max_tokens": 7,
         "stop_token_ids": [1, 4],
+        "min_tokens": 0,
         "ignore_eos": True,
         "seed": 3,
         "presence_penalty": 0.0,
@@ -63,6 +64,7 @@ def test_sampling_translation_keeps_the_contract():
     }
     assert sampling_kwargs(SamplingParams(max_tokens=2, top_k=5, top_p=0.9))["top_k"] == 5
     assert sampling_kwargs(SamplingParams(max_tokens=2, min_p=0.2))["min_p"] == 0.2
+    assert sampling_kwargs(SamplingParams(max_tokens=9, min_tokens=4, stop_token_ids=[1]))["min_tokens"] == 4
     penalised = sampling_kwargs(
         SamplingParams(
             max_tokens=2,
