@@ -99,6 +99,12 @@ class BatchSampler:
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
         adjusting = [(i, r.adjustments) for i, r in enumerate(rows) if r.adjustments is not None]
         self.adjuster = LogitAdjuster(adjusting, device, history) if adjusting else None
+        self.rows_alike: RowSettings | None = None
+        """The settings of every row, when nothing here depends on which rows are sampled
+        (no per-row tensor, seed or adjustment): the sampler then stays valid while rows that
+        share them join or rows leave, as a batch does on most steps."""
+        if rows and not (self.seeded or adjusting or self.truncates) and all(r == rows[0] for r in rows):
+            self.rows_alike = rows[0]
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> Sampled:
         """logits [B, V] -> the sampled tokens, their logprobs, and the top logprobs asked for."""

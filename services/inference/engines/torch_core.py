@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Protocol
@@ -300,9 +300,16 @@ class TorchEngineCore:
         self._events, self._stats = [], CoreStats()
         return output
 
-    def _batch_changed(self) -> None:
-        self._sampler = None
+    def _batch_changed(self, joined: Sequence[_Sample] = ()) -> None:
+        self._rows_changed(joined)
         self._next_inputs = None
+
+    def _rows_changed(self, joined: Sequence[_Sample] = ()) -> None:
+        """Rows left or `joined` the batch: the sampler goes unless it samples any rows alike
+        and those that joined have its settings."""
+        alike = None if self._sampler is None else self._sampler.rows_alike
+        if alike is None or any(sample.settings != alike for sample in joined):
+            self._sampler = None
 
     def _decode(self) -> None:
         admissions = self._scheduler.admit()
@@ -333,7 +340,7 @@ class TorchEngineCore:
         if admissions:
             # In the batch before the forward, so a failing step still frees their slots.
             self._running = decoding + new_samples
-            self._batch_changed()
+            self._batch_changed(new_samples)
             self._stats.prompt_tokens += sum(len(a.key.prompt) * len(a.slots) for a in admissions)
         position_ids = torch.tensor(positions, device=self.device)
         step = self.cache.step(torch.tensor(slots, device=self.device), position_ids, prompt_lengths)
@@ -480,7 +487,7 @@ class TorchEngineCore:
         done = {id(s) for s, _ in finished}
         kept = [row for row, s in enumerate(self._running) if id(s) not in done]
         self._running = [self._running[row] for row in kept]
-        self._sampler = None
+        self._rows_changed()
         for sample, reason in finished:
             self._finish(sample, reason, version, now)
         return kept

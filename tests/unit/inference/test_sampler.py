@@ -3,7 +3,7 @@ distribution it actually draws from."""
 
 import torch
 
-from rlrun.inference.sampler import BatchSampler, RowSettings, truncate
+from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, truncate
 
 
 def logits_rows(rows: int, vocab: int = 12, seed: int = 0) -> torch.Tensor:
@@ -131,3 +131,15 @@ def test_a_zero_exponential_draw_never_picks_a_truncated_token(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "exponential_", zeros)
     tokens, _, _ = BatchSampler([RowSettings(1.0, top_k=2)]).sample(logits, None)
     assert tokens.item() in (0, 1)
+
+
+def test_a_sampler_of_rows_alike_does_not_depend_on_which_rows_it_samples():
+    plain = RowSettings(0.7, top_logprobs=2)
+    assert BatchSampler([plain] * 3).rows_alike == plain
+    for rows in (
+        [plain, RowSettings(0.8, top_logprobs=2)],
+        [RowSettings(1.0, top_p=0.9)] * 2,
+        [RowSettings(1.0, generator=torch.Generator())] * 2,
+        [RowSettings(1.0, adjustments=LogitAdjustments(logit_bias={1: 2.0}))] * 2,
+    ):
+        assert BatchSampler(rows).rows_alike is None

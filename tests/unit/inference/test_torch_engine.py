@@ -13,6 +13,7 @@ from rlrun.common.model import PackedCausal
 from rlrun.common.model.weights import TensorLayout, WeightAssembler, iter_update_messages
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
+from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
 
 from ...integration.inference import reference_sampling
@@ -89,6 +90,30 @@ async def test_outputs_stay_exact_as_sequences_finish_and_join_at_different_step
         atol=1e-4,
         rtol=0,
     )
+
+
+def test_rows_that_join_a_running_batch_are_sampled_with_their_own_settings(model):
+    # The batch's sampler outlives rows that join with its settings; these have others.
+    core = TorchEngineCore(model, max_model_len=MAX_MODEL_LEN, max_batch_size=8, max_waiting=64, seed=0)
+    joining = {
+        1: (PROMPTS[1], SamplingParams(max_tokens=12, temperature=0.0)),
+        2: (PROMPTS[2], SamplingParams(max_tokens=12, temperature=1.0, top_k=1)),
+        3: (PROMPTS[3], SamplingParams(max_tokens=12, temperature=0.0, n=2)),
+    }
+    events = []
+    with torch.inference_mode():
+        core.handle(Submit(0, PROMPTS[0], SamplingParams(max_tokens=30, temperature=1.0, n=3), False, 0.0))
+        for rid, (prompt, params) in joining.items():
+            for _ in range(2):
+                core.step()
+            core.handle(Submit(rid, prompt, params, False, 0.0))
+        while core.has_work():
+            core.step()
+            events += core.take_output().events
+    done = {event[1]: event[2] for event in events if event[0] == DONE}
+    for rid, (prompt, _) in joining.items():
+        assert all(c.token_ids == argmax_loop(model, prompt, 12) for c in done[rid])
+    assert len(done[0]) == 3
 
 
 async def test_logprobs_equal_a_recomputed_forward_pass(engine, model):
