@@ -97,9 +97,12 @@ class SamplingParams:
         max_model_len: int | None = None,
         prompt_len: int | None = None,
         max_samples: int | None = None,
+        samples_field: str = "n",
     ) -> None:
         """`max_samples`: the most samples one request may ask for (an engine whose queue
-        holds at most that many could never take more, so retrying would not help)."""
+        holds at most that many could never take more, so retrying would not help);
+        `samples_field`: the request's field that asked for them (OpenAI's `best_of` draws
+        more samples than its `n`)."""
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise WireError(
                 f"{where}.temperature",
@@ -124,9 +127,9 @@ class SamplingParams:
             raise WireError(f"{where}.n", f"{where}.n must be >= 1, got {self.n}")
         if max_samples is not None and self.n > max_samples:
             raise WireError(
-                f"{where}.n",
-                f"{where}.n = {self.n} is more samples than this server can ever queue ({max_samples}, "
-                "inference.max_waiting)",
+                f"{where}.{samples_field}",
+                f"{where}.{samples_field} = {self.n} is more samples than this server can ever queue "
+                f"({max_samples}, inference.max_waiting)",
             )
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise WireError(

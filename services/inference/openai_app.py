@@ -172,6 +172,7 @@ def build_openai_app(
                 vocab_size=engine.vocab_size,
                 max_model_len=engine.max_model_len,
                 max_samples=engine.max_samples,
+                samples_field=body.samples_field(),
                 prompt_field=field,
                 sampling_field=_BODY,
             )

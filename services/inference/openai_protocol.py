@@ -130,6 +130,10 @@ class _SamplingFields(BaseModel):
         """How many samples the engine draws for each prompt."""
         return self.n
 
+    def samples_field(self) -> str:
+        """The field that set `samples_per_prompt`."""
+        return "n"
+
 
 class CompletionRequest(_SamplingFields):
     unsupported = {"suffix": (None, "")}
@@ -140,8 +144,11 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     """Samples drawn per prompt, of which the `n` best (`best_of_each`) are answered."""
 
+    def samples_field(self) -> str:
+        return "n" if self.best_of is None or self.best_of == self.n else "best_of"
+
     def samples_per_prompt(self) -> int:
-        if self.best_of is None or self.best_of == self.n:
+        if self.samples_field() == "n":
             return self.n
         if self.best_of < self.n:
             raise RequestError("best_of", f"best_of must be >= n ({self.n}), got {self.best_of}")

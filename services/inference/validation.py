@@ -35,6 +35,7 @@ def check_generate(
     max_samples: int | None = None,
     prompt_field: str = "prompt_token_ids",
     sampling_field: str = "sampling",
+    samples_field: str = "n",
 ) -> None:
     """A prompt that leaves room for at least one token, and sampling settings that fit the
     context and the engine's queue (`Engine.max_samples`)."""
@@ -45,6 +46,7 @@ def check_generate(
         max_model_len=max_model_len,
         prompt_len=len(prompt),
         max_samples=max_samples,
+        samples_field=samples_field,
     )
 
 

@@ -80,6 +80,10 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
         await client.completions.create(model="reverse_text", prompt="abc", max_tokens=2, n=5000)
     assert caught.value.body["param"] == "n"
     assert "inference.max_waiting" in caught.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:  # best_of draws the samples
+        await client.completions.create(model="reverse_text", prompt="abc", max_tokens=2, n=2, best_of=5000)
+    assert caught.value.body["param"] == "best_of"
+    assert caught.value.body["message"].startswith("best_of = 5000 is more samples")
 
 
 async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
