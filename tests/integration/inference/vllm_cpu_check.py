@@ -116,7 +116,6 @@ async def check(output_dir: Path, family: str) -> dict:
             logit_bias={greedy.token_ids[0]: -3.0, 70: 1.5},
         )
         [penalised] = await engine.generate(prompt, adjusted)
-        penalised_logprobs = adjusted_logprobs(model, prompt, penalised.token_ids, adjusted)
         only_top = await engine.generate(
             prompt, SamplingParams(max_tokens=12, temperature=1.0, min_p=1.0, n=2)
         )
@@ -136,7 +135,6 @@ async def check(output_dir: Path, family: str) -> dict:
         expected_held = greedy_loop(model, prompt, 12, holding)
         if stop in expected_held[4:]:
             expected_held = expected_held[: expected_held.index(stop, 4) + 1]
-        held_logprobs = adjusted_logprobs(model, prompt, held_off.token_ids, holding)
         [ranked] = await engine.generate(
             prompt, SamplingParams(max_tokens=8, temperature=0.8, top_logprobs=3)
         )
@@ -176,20 +174,8 @@ async def check(output_dir: Path, family: str) -> dict:
             # leaves one token, of logprob 0.
             "min_p_truncated_logprob": max(abs(lp) for c in only_top for lp in c.logprobs),
             "min_tokens_is_adjusted_argmax": held_off.token_ids == expected_held,
-            "min_tokens_logprob_diff": (
-                torch.tensor(held_off.logprobs)
-                - held_logprobs.gather(1, torch.tensor(held_off.token_ids)[:, None])[:, 0]
-            )
-            .abs()
-            .max()
-            .item(),
-            "penalised_logprob_diff": (
-                torch.tensor(penalised.logprobs)
-                - penalised_logprobs.gather(1, torch.tensor(penalised.token_ids)[:, None])[:, 0]
-            )
-            .abs()
-            .max()
-            .item(),
+            "min_tokens_logprob_diff": adjusted_diff(held_off, model, prompt, holding),
+            "penalised_logprob_diff": adjusted_diff(penalised, model, prompt, adjusted),
             "top_logprobs": top_logprobs_check(ranked, model, prompt, 0.8, 3),
             "score_top_logprobs": top_logprobs_check(
                 SimpleNamespace(token_ids=greedy.token_ids, top_logprobs=score.top_logprobs),
@@ -329,6 +315,13 @@ def greedy_loop(model, prompt, steps, params: SamplingParams | None = None):
     for _ in range(steps):
         completion.append(int(adjusted_logprobs(model, prompt, completion + [0], params)[-1].argmax()))
     return completion
+
+
+def adjusted_diff(completion, model, prompt, params: SamplingParams) -> float:
+    """The largest gap between a completion's logprobs and the reference's under `params`."""
+    reference = adjusted_logprobs(model, prompt, completion.token_ids, params)
+    chosen = reference.gather(1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+    return (torch.tensor(completion.logprobs) - chosen).abs().max().item()
 
 
 def adjusted_logprobs(model, prompt, completion, params: SamplingParams | None) -> torch.Tensor:
