@@ -34,6 +34,14 @@ def test_quick_bench_prints_the_ratios(tmp_path):
         "grpc_ceiling_ratio_vs_limit",
     ):
         assert last[key] > 0
+    rounds = last["rounds"]
+    assert len(rounds["ratio_vs_limit"]) == len(rounds["limit_tok_s"]) == 2
+    paired = zip(rounds["ratio_vs_limit"], rounds["limit_tok_s"], rounds["service_tok_s"], strict=True)
+    for ratio, limit, served in paired:
+        assert ratio == pytest.approx(served / limit, abs=0.002)
+    assert (
+        min(rounds["ratio_vs_limit"]) <= last["ratio_vs_limit_median_round"] <= max(rounds["ratio_vs_limit"])
+    )
     larger = last["larger_model"]
     assert larger["weight_bytes"] > 10 * last["weight_bytes"]  # a larger model than the demo's
     assert larger["ratio_vs_limit"] > 0 and larger["weights_ratio_vs_raw"] > 0
