@@ -540,6 +540,7 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
     stage(f"the same on the larger model {LARGER_MODEL}")
     larger = await larger_model_ratios(config, quick, log_dir / "larger-model")
     limit, served = rounds_run.best()
+    paired = rounds_run.paired_ratios()
     return {
         **service_figures(limit, served),
         "sequential_tok_s": round(sequential, 1),
@@ -554,9 +555,9 @@ async def measure(config: RunConfig, quick: bool, log_dir: Path) -> dict:
         "rounds": {
             "limit_tok_s": [round(x) for x in rounds_run.limits],
             "service_tok_s": [round(r.tok_s) for r in rounds_run.served],
-            "ratio_vs_limit": [round(r, 3) for r in rounds_run.paired_ratios()],
+            "ratio_vs_limit": [round(r, 3) for r in paired],
         },
-        "ratio_vs_limit_median_round": round(statistics.median(rounds_run.paired_ratios()), 3),
+        "ratio_vs_limit_median_round": round(statistics.median(paired), 3),
         "larger_model": larger,
         "batch": BATCH,
         "max_tokens": MAX_TOKENS,

@@ -442,6 +442,8 @@ class TextStream:
         self.tokenizer = tokenizer
         self.stops = list(stops)
         self.min_tokens = min_tokens
+        self._after: int | None = None
+        """`min_tokens_text` once the sample has min_tokens tokens (it does not change then)."""
         self.token_ids: list[int] = []
         self.emitted = ""
         self.stopped = False
@@ -455,10 +457,11 @@ class TextStream:
         text = self.tokenizer.decode(self.token_ids)
         if text.endswith("\ufffd"):
             return ""
-        after = min_tokens_text(self.tokenizer, self.token_ids, self.min_tokens)
+        if self._after is None:
+            self._after = min_tokens_text(self.tokenizer, self.token_ids, self.min_tokens)
         cut = None
-        if after is not None:
-            cut = first_stop(text, self.stops, max(0, self._searched - self._hold), after)
+        if self._after is not None:
+            cut = first_stop(text, self.stops, max(0, self._searched - self._hold), self._after)
         if cut is not None:
             self.stopped = True
             end = cut

@@ -112,17 +112,15 @@ class BatchSampler:
         if self.adjuster is not None:
             logits = self.adjuster.adjust(logits)
         scaled = logits / self.temperature if self.scaled else logits
-        if self.all_greedy:
+        if self.truncates and not self.all_greedy:
+            logprobs = torch.log_softmax(truncate(scaled, self.top_k, self.top_p, self.min_p), dim=-1)
+            if self.any_greedy:
+                logprobs = torch.where(self.greedy[:, None], torch.log_softmax(scaled, dim=-1), logprobs)
+        else:
             logprobs = torch.log_softmax(scaled, dim=-1)
+        if self.all_greedy:
             tokens = logits.argmax(dim=-1)
         else:
-            if self.truncates:
-                logprobs = torch.log_softmax(truncate(scaled, self.top_k, self.top_p, self.min_p), dim=-1)
-                if self.any_greedy:
-                    untruncated = torch.log_softmax(scaled, dim=-1)
-                    logprobs = torch.where(self.greedy[:, None], untruncated, logprobs)
-            else:
-                logprobs = torch.log_softmax(scaled, dim=-1)
             noise = torch.empty_like(logprobs).exponential_(generator=generator)
             for row, row_generator in self.seeded:
                 noise[row].exponential_(generator=row_generator)
@@ -201,11 +199,7 @@ class LogitAdjuster:
             logits = logits.index_put(index, values, accumulate=True)
         if self.held is not None:
             if self._held_mask is None:
-                self._held_mask = torch.zeros(
-                    len(self._held_stops), logits.shape[-1], dtype=torch.bool, device=logits.device
-                )
-                for row, stops in enumerate(self._held_stops):
-                    self._held_mask[row, list(stops)] = True
+                self._held_mask = _token_mask(self._held_stops, logits.shape[-1], logits.device)
             masked = self._held_mask & (self._tokens_left > 0)[:, None]
             rows = logits.index_select(0, self.held).masked_fill(masked, float("-inf"))
             logits = logits.index_copy(0, self.held, rows)
@@ -235,14 +229,20 @@ class LogitAdjuster:
             [row for row, tokens in enumerate(generated) for _ in tokens], [t for ts in generated for t in ts]
         )
         if self.repetition is not None:
-            self._in_prompt = torch.zeros_like(self._counts, dtype=torch.bool)
-            for row, (prompt, _) in enumerate(self._histories):
-                self._in_prompt[row, list(prompt)] = True
+            self._in_prompt = _token_mask([prompt for prompt, _ in self._histories], vocab, device)
 
     def _count(self, rows: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> None:
         device = self._counts.device
         index = tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in (rows, tokens))
         self._counts.index_put_(index, torch.ones(len(index[0]), device=device), accumulate=True)
+
+
+def _token_mask(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(token_lists), vocab]: True at each row's tokens."""
+    mask = torch.zeros(len(token_lists), vocab, dtype=torch.bool, device=device)
+    for row, tokens in enumerate(token_lists):
+        mask[row, list(tokens)] = True
+    return mask
 
 
 def truncate(
