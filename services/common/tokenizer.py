@@ -146,6 +146,11 @@ class HFTokenizer:
         self._offers_tools: bool | None = None
         """Whether the chat template renders `tools` (found on first use)."""
 
+    @property
+    def hf_tokenizer(self):
+        """The transformers tokenizer itself (structured outputs compile grammars over it)."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
 

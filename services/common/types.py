@@ -77,10 +77,15 @@ class SamplingParams:
     set by the OpenAI-compatible API only. The gRPC SamplingParams has no such fields: the
     trainer recomputes the model's own distribution, and tokens sampled from another would
     only be masked as off-policy."""
+    json_schema: str | None = None
+    """A JSON schema (JSON text) the sample's text must match: it may draw only the tokens
+    that keep its text a prefix of such a value, and ends with the one that completes it
+    (`rlrun.inference.structured`). Set by the OpenAI-compatible API only, like the four above."""
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether the distribution sampled from differs from the model's (before temperature)."""
+        """Whether the logits are biased, penalised or masked before temperature (a
+        `json_schema` masks them too, but per sample: `SampleGrammar`)."""
         return bool(
             self.logit_bias
             or self.presence_penalty

@@ -45,7 +45,8 @@ from rlrun.inference.openai_protocol import (
     text_stop_strings,
     usage,
 )
-from rlrun.inference.tool_calls import ToolCall, ToolCallStream
+from rlrun.inference.structured import GrammarCompiler
+from rlrun.inference.tool_calls import ToolCall, ToolCallStream, forced_tool_calls
 from rlrun.inference.validation import check_generate
 
 # Sampling fields are validated under this prefix, which OpenAI's `param` leaves out.
@@ -122,6 +123,7 @@ def build_openai_app(
     engine: Engine, tokenizer: Tokenizer, model_id: str, is_ready: Callable[[], bool]
 ) -> FastAPI:
     app = FastAPI(title="rlrun inference", description="OpenAI-compatible API over the live policy.")
+    grammars = GrammarCompiler(lambda: tokenizer)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -163,6 +165,14 @@ def build_openai_app(
     def checked(body, build_prompts, max_tokens: int | None) -> list[tuple[list[int], SamplingParams]]:
         """Each prompt of the request with its sampling settings, checked against the model."""
         body.check_fields()
+        structured = body.structured_output()
+        if structured is not None:
+            field, schema = structured
+            if not engine.structured_outputs:
+                raise RequestError(
+                    field, f"the {engine.name} engine does not constrain its output, as {field} asks"
+                )
+            grammars.check_writable(schema, field)
         requests = []
         for field, prompt in build_prompts(body, tokenizer):
             params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
@@ -393,6 +403,24 @@ class _StreamedCalls:
         return "".join(item for item in items if isinstance(item, str)), made
 
 
+class _ForcedCalls:
+    """One chat choice's text as it streams, constrained to tool calls: held back until it
+    ends, then sent as calls (`forced_tool_calls`)."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+        self.text = ""
+        self.made = 0
+
+    def push(self, text: str, ended: bool) -> tuple[str, list[dict]]:
+        self.text += text
+        if not ended:
+            return "", []
+        content, calls = forced_tool_calls(self.text, self.name)
+        self.made = len(calls)
+        return content or "", [call.to_openai(index=k) for k, call in enumerate(calls)]
+
+
 async def _stream_chunks(
     form: _StreamFormat,
     tokenizer: Tokenizer,
@@ -408,8 +436,11 @@ async def _stream_chunks(
     choice's prompt, sent as its first chunk."""
     texts = [TextStream(tokenizer, stop_strings(body), body.min_tokens) for _ in range(choices)]
     calls = None
-    if isinstance(body, ChatCompletionRequest) and body.parses_tool_calls():
+    mode = body.tool_mode() if isinstance(body, ChatCompletionRequest) else "none"
+    if mode == "auto":
         calls = [_StreamedCalls(body.tool_call_limit()) for _ in range(choices)]
+    elif mode != "none":
+        calls = [_ForcedCalls(body.forced_name()) for _ in range(choices)]
     ended = [False] * choices
     offsets = [0] * choices
     ident, created = new_id(form.id_prefix), now()

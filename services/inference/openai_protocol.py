@@ -27,10 +27,19 @@ every choice has stopped.
 Chat `tools` are offered to the model through its tokenizer (`render_chat`), and the tool
 calls an answer writes (Hermes format, `rlrun.inference.tool_calls`) come back as
 `tool_calls` with `tool_choice` "auto" (the default); "none" leaves them in the text.
+`tool_choice` "required" or a named function constrains the answer to JSON
+(`rlrun.inference.structured`), as vLLM does: a non-empty array of {"name", "parameters"}
+objects, one per call, of the tools offered ("required"; one at most with
+`parallel_tool_calls` false), or the named function's arguments object; it comes back as
+`tool_calls` (finish_reason "tool_calls"), or as content if `max_tokens` cut it short.
+
+`response_format` {"type": "json_object"} or {"type": "json_schema", "json_schema":
+{"schema": ...}} constrains a choice's text to a JSON object or to a value matching the schema
+(chat and completions, as in vLLM). A schema llguidance cannot compile is a 400 naming it.
 
 Every field of a request is honoured or refused with a 400 naming it, never silently
 dropped (`check_fields`): OpenAI's fields this server does not implement (`suffix`,
-`response_format`, ...) are accepted only at the value that changes nothing, fields that
+`audio`, ...) are accepted only at the value that changes nothing, fields that
 only label a request (`user`, `metadata`, ...) are accepted and ignored, and a field OpenAI
 does not know is refused, as OpenAI does. `top_k`, `min_p`, `stop_token_ids`,
 `repetition_penalty` and `min_tokens` are accepted as vLLM-style extensions. The `model` field is accepted
@@ -54,7 +63,8 @@ from rlrun.common.hermes import calls_text
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
 from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
 from rlrun.inference.engines.base import Completion, TopLogprobs
-from rlrun.inference.tool_calls import split_tool_calls
+from rlrun.inference.structured import schema_text
+from rlrun.inference.tool_calls import forced_tool_calls, split_tool_calls
 
 
 class StreamOptions(BaseModel):
@@ -77,6 +87,22 @@ def _one_shape_error(message: str):
             raise PydanticCustomError("shape", message) from error
 
     return validate
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    schema_: Any = Field(None, alias="schema")
+    """None: any JSON value."""
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+StructuredOutput = tuple[str, str]
+"""(the request field that asked for it, the JSON schema as text)."""
 
 
 class _SamplingFields(BaseModel):
@@ -110,6 +136,21 @@ class _SamplingFields(BaseModel):
     prompt or generated so far."""
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The JSON schema every choice must match (`SamplingParams.json_schema`), and the field
+        that asked for it; None when the text is free."""
+        form = self.response_format
+        if form is None or form.type == "text":
+            return None
+        if form.type == "json_object":
+            return "response_format", schema_text({"type": "object"}, "response_format")
+        if form.json_schema is None:
+            raise RequestError("response_format.json_schema", 'type "json_schema" needs a json_schema')
+        schema = {} if form.json_schema.schema_ is None else form.json_schema.schema_
+        field = "response_format.json_schema.schema"
+        return "response_format", schema_text(schema, field)
 
     def check_fields(self) -> None:
         """Refuses, naming it, each field that would be ignored while changing the answer."""
@@ -233,7 +274,6 @@ class ChatCompletionRequest(_SamplingFields):
     unsupported = {
         "functions": (None, []),
         "function_call": (None, "none"),
-        "response_format": (None, {"type": "text"}),
         "modalities": (None, ["text"]),
         "audio": (None,),
         "prediction": (None,),
@@ -248,25 +288,86 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolIn] | None = None
     tool_choice: str | dict | None = None
     """"auto" (the default with tools): the answer's tool calls are parsed out of its text;
-    "none": they are not. "required" and a named function would need constrained decoding."""
+    "none": they are not; "required" or {"type": "function", "function": {"name": ...}}: the
+    answer is constrained to calls (of any tool offered, or of the named one)."""
     parallel_tool_calls: bool | None = None
     """False keeps only a choice's first call."""
 
-    def parses_tool_calls(self) -> bool:
-        """Whether tool calls are read out of the answers (and `tool_choice` is one this server
-        can keep)."""
+    def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
+        """How the answers carry tool calls; a `tool_choice` this server cannot keep is a 400."""
         choice = self.tool_choice
         if choice is not None and not self.tools:
             raise RequestError("tool_choice", "tool_choice needs tools")
-        if choice in (None, "auto"):
-            return bool(self.tools)
-        if choice == "none":
-            return False
+        if choice is None:
+            return "auto" if self.tools else "none"
+        if choice in ("auto", "none", "required"):
+            return choice
+        self.named_tool()
+        return "named"
+
+    def named_tool(self) -> ToolIn:
+        """The tool a named `tool_choice` forces."""
+        choice = self.tool_choice
+        name = None
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise RequestError(
+                "tool_choice",
+                f'tool_choice must be "auto", "none", "required" or {{"type": "function", '
+                f'"function": {{"name": ...}}}}, got {json.dumps(choice)}',
+            )
+        for tool in self.tools or ():
+            if tool.function.name == name:
+                return tool
+        offered = ", ".join(tool.function.name for tool in self.tools or ())
         raise RequestError(
-            "tool_choice",
-            f"tool_choice {json.dumps(choice)} is not supported by this server: it would need "
-            'constrained decoding; send "auto" or "none"',
+            "tool_choice.function.name", f"tool_choice names {name!r}, not a tool offered ({offered})"
         )
+
+    def parses_tool_calls(self) -> bool:
+        """Whether tool calls are read out of the answers' text (Hermes blocks)."""
+        return self.tool_mode() == "auto"
+
+    def forced_name(self) -> str | None:
+        """With a named tool_choice, the function every call is of; None: the calls (of
+        tool_choice "required") name theirs."""
+        return self.named_tool().function.name if self.tool_mode() == "named" else None
+
+    def structured_output(self) -> StructuredOutput | None:
+        mode = self.tool_mode()
+        if mode not in ("required", "named"):
+            return super().structured_output()
+        if self.response_format is not None and self.response_format.type != "text":
+            raise RequestError(
+                "response_format", f'response_format cannot be combined with tool_choice "{mode}"'
+            )
+        if mode == "named":
+            index = self.tools.index(self.named_tool())
+            field = f"tools[{index}].function.parameters"
+            return "tool_choice", schema_text(_parameters(self.tools[index]), field)
+        calls = {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "enum": [tool.function.name]},
+                            "parameters": _parameters(tool),
+                        },
+                        "required": ["name", "parameters"],
+                        "additionalProperties": False,
+                    }
+                    for tool in self.tools
+                ]
+            },
+        }
+        if self.parallel_tool_calls is False:
+            calls["maxItems"] = 1
+        return "tool_choice", schema_text(calls, "tools")
 
     def tool_call_limit(self) -> int | None:
         return 1 if self.parallel_tool_calls is False else None
@@ -282,6 +383,12 @@ class ChatCompletionRequest(_SamplingFields):
                 "top_logprobs", f"top_logprobs must be <= {MAX_TOP_LOGPROBS}, got {self.top_logprobs}"
             )
         return self.top_logprobs
+
+
+def _parameters(tool: ToolIn) -> dict | bool:
+    """The JSON schema of a tool's arguments (an object of any fields when it has none)."""
+    parameters = (tool.function.model_extra or {}).get("parameters")
+    return {"type": "object"} if parameters is None else parameters
 
 
 def stop_strings(request: _SamplingFields) -> list[str]:
@@ -349,6 +456,7 @@ def sampling_params(
     """The engine's settings for a request; `max_tokens` None means the rest of the context."""
     if request.top_k < 0:
         raise RequestError("top_k", f"top_k must be >= 0, got {request.top_k}")
+    structured = request.structured_output()
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else max_model_len - prompt_len,
         temperature=request.temperature,
@@ -364,6 +472,7 @@ def sampling_params(
         frequency_penalty=request.frequency_penalty or 0.0,
         logit_bias=_logit_bias(request),
         repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        json_schema=None if structured is None else structured[1],
     )
 
 
@@ -397,7 +506,7 @@ def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prom
 def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:
     """The conversation rendered by the tokenizer's chat template, with the request's tools:
     always one prompt. Earlier tool calls are written as the model writes them (Hermes)."""
-    request.parses_tool_calls()  # refuses a tool_choice it cannot keep before anything runs
+    request.tool_mode()  # refuses a tool_choice it cannot keep before anything runs
     messages = []
     for i, message in enumerate(request.messages):
         if message.function_call:
@@ -634,7 +743,7 @@ def chat_body(
     completions: Sequence[Completion],
 ) -> dict:
     stops = stop_strings(request)
-    parses_tool_calls = request.parses_tool_calls()
+    mode = request.tool_mode()
     choices = []
     for index, completion in enumerate(completions):
         logprobs = None
@@ -645,8 +754,11 @@ def chat_body(
         text, stopped = visible_text(tokenizer, completion.token_ids, stops, request.min_tokens)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         reason = "stop" if stopped else completion.finish_reason
-        if parses_tool_calls:
-            content, calls = split_tool_calls(text, request.tool_call_limit())
+        if mode != "none":
+            if mode == "auto":
+                content, calls = split_tool_calls(text, request.tool_call_limit())
+            else:
+                content, calls = forced_tool_calls(text, request.forced_name())
             if calls:
                 message = {
                     "role": "assistant",

@@ -1,7 +1,8 @@
 """Batched sampling over one decode step's logits, with per-row settings.
 
 Order, as in vLLM: the logit bias, the repetition penalty, the presence and frequency
-penalties (these four from the OpenAI-compatible API only), then temperature, then min-p,
+penalties, the mask of a row's grammar (these five from the OpenAI-compatible API only:
+`rlrun.inference.structured`), then temperature, then min-p,
 then top-k, then top-p over what they kept. The logprob returned for a sampled token is its
 logprob under the distribution it was drawn from: log softmax(logits' / T) with logits' the
 biased and penalised logits, renormalised over the tokens min-p/top-k/top-p kept (what vLLM
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+
+from rlrun.inference.structured import SampleGrammar, allowed_tokens
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class RowSettings:
     """How many of the most likely tokens to report with their logprobs."""
     adjustments: LogitAdjustments | None = None
     """None for the model's own logits, as training asks."""
+    grammar: SampleGrammar | None = None
+    """The sample's place in the grammar its text must follow (its own, like `generator`)."""
 
 
 History = Callable[[int], tuple[Sequence[int], Sequence[int]]]
@@ -99,11 +104,23 @@ class BatchSampler:
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
         adjusting = [(i, r.adjustments) for i, r in enumerate(rows) if r.adjustments is not None]
         self.adjuster = LogitAdjuster(adjusting, device, history) if adjusting else None
+        self.grammars = [r.grammar for r in rows if r.grammar is not None]
+        if self.grammars:
+            self.grammar_rows = torch.tensor(
+                [i for i, r in enumerate(rows) if r.grammar is not None], device=device
+            )
+            self._bitmask: torch.Tensor | None = None
+            """[grammar rows, mask words]: where the grammars write the tokens they allow (on
+            the CPU, where llguidance writes)."""
         self.rows_alike: RowSettings | None = None
         """The settings of every row, when nothing here depends on which rows are sampled
         (no per-row tensor, seed or adjustment): the sampler then stays valid while rows that
         share them join or rows leave, as a batch does on most steps."""
-        if rows and not (self.seeded or adjusting or self.truncates) and all(r == rows[0] for r in rows):
+        if (
+            rows
+            and not (self.seeded or adjusting or self.truncates or self.grammars)
+            and all(r == rows[0] for r in rows)
+        ):
             self.rows_alike = rows[0]
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> Sampled:
@@ -111,6 +128,8 @@ class BatchSampler:
         logits = logits.float()
         if self.adjuster is not None:
             logits = self.adjuster.adjust(logits)
+        if self.grammars:
+            logits = self._follow_grammars(logits)
         scaled = logits / self.temperature if self.scaled else logits
         if self.truncates and not self.all_greedy:
             logprobs = torch.log_softmax(truncate(scaled, self.top_k, self.top_p, self.min_p), dim=-1)
@@ -135,6 +154,17 @@ class BatchSampler:
         if self.top_logprobs:
             top = logprobs.topk(min(self.top_logprobs, logprobs.shape[-1]), dim=-1)
         return Sampled(tokens, logprobs.gather(1, tokens[:, None])[:, 0], top)
+
+    def _follow_grammars(self, logits: torch.Tensor) -> torch.Tensor:
+        """-inf for every token a grammar row may not draw next."""
+        if self._bitmask is None:
+            words = self.grammars[0].mask_words
+            self._bitmask = torch.empty(len(self.grammars), words, dtype=torch.int32)
+        for row, grammar in enumerate(self.grammars):
+            grammar.fill_mask(self._bitmask[row])
+        allowed = allowed_tokens(self._bitmask.to(logits.device), logits.shape[-1])
+        rows = logits.index_select(0, self.grammar_rows).masked_fill(~allowed, float("-inf"))
+        return logits.index_copy(0, self.grammar_rows, rows)
 
 
 class LogitAdjuster:

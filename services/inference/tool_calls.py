@@ -48,6 +48,35 @@ def _call(body: str) -> ToolCall | None:
     return ToolCall(parsed["name"], json.dumps(arguments, ensure_ascii=False), new_call_id())
 
 
+def forced_tool_calls(text: str, name: str | None) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of an answer constrained to tool calls (`tool_choice` "required" or
+    named): with `name`, the text is that function's arguments object; without, an array of
+    {"name", "parameters"} objects. Text that is no such JSON (cut short by max_tokens) stays
+    the content, with no calls."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        return text, []
+    if name is not None:
+        items = [{"name": name, "parameters": parsed}]
+    elif isinstance(parsed, list):
+        items = parsed
+    else:
+        return text, []
+    calls = []
+    for item in items:
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("parameters"), dict)
+        ):
+            return text, []
+        calls.append(
+            ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False), new_call_id())
+        )
+    return None, calls
+
+
 class ToolCallStream:
     """Splits a sample's text, as it grows, into content and tool calls. `push` takes the
     next piece of text and returns what it settles, in order: content text (str) and calls

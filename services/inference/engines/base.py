@@ -96,6 +96,8 @@ class Engine(ABC):
     """The most samples (`n`) one request may ask for: what the engine's waiting queue can
     ever hold (`inference.max_waiting`); None: no such bound. A request for more is refused
     as bad input, not as a full queue, since no retry could succeed."""
+    structured_outputs: bool = False
+    """Whether it follows `SamplingParams.json_schema` (the OpenAI API refuses it otherwise)."""
     on_dead: Callable[[Exception], None] | None = None
     """Called once if the engine dies without being asked to stop (its thread or process is
     gone); the service then stops, so that the replica is restarted."""

@@ -42,6 +42,7 @@ from rlrun.inference.engines.base import (
 )
 from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
+from rlrun.inference.structured import GrammarCompiler, SampleGrammar
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ class _Request:
     completions: list[Completion | None]
     unfinished: int
     running_samples: int = 0
+    grammars: list[SampleGrammar] | None = None
+    """Each sample's, with `params.json_schema`."""
 
 
 @dataclass(eq=False)
@@ -179,7 +182,9 @@ class TorchEngineCore:
         max_batch_size: int,
         max_waiting: int,
         seed: int | None = None,
+        grammars: GrammarCompiler | None = None,
     ):
+        """`grammars`: for requests with a `json_schema` (None: they are refused)."""
         self.model = model.eval().requires_grad_(False)
         parameter = next(model.parameters())
         self.device = parameter.device
@@ -208,6 +213,7 @@ class TorchEngineCore:
         self._next_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed if seed is not None else random.SystemRandom().getrandbits(63))
+        self._grammars = grammars
         self._scores: list[Score] = []
         self._events: list[tuple] = []
         self._stats = CoreStats()
@@ -250,11 +256,18 @@ class TorchEngineCore:
             unfinished=params.n,
         )
         try:
+            if params.json_schema is not None:
+                request.grammars = self._sample_grammars(params)
             self._scheduler.enqueue(request, params.n)
-        except QueueFullError as error:
+        except (QueueFullError, RequestError) as error:
             self._events.append((FAILED, command.rid, error))
             return
         self._requests[command.rid] = request
+
+    def _sample_grammars(self, params: SamplingParams) -> list[SampleGrammar]:
+        if self._grammars is None:
+            raise RequestError("json_schema", "this engine has no tokenizer to follow a json_schema with")
+        return [self._grammars.sample_grammar(params.json_schema) for _ in range(params.n)]
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Copies an update (checked by `CoreClient.update_weights`) into the parameters;
@@ -418,6 +431,7 @@ class TorchEngineCore:
                 generator=generator,
                 top_logprobs=params.top_logprobs,
                 adjustments=adjustments,
+                grammar=None if request.grammars is None else request.grammars[index],
             )
             samples.append(
                 _Sample(
@@ -464,7 +478,8 @@ class TorchEngineCore:
             sample_tokens.append(token)
             sample.logprobs.append(logprob)
             reason: FinishReason | None = None
-            if token in sample.stop_ids:
+            grammar = sample.settings.grammar
+            if token in sample.stop_ids or (grammar is not None and grammar.accept(token)):
                 reason = "stop"
             elif len(sample_tokens) >= sample.max_tokens:
                 reason = "length"

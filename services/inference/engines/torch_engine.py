@@ -26,6 +26,7 @@ from rlrun.inference.engines.torch_core import (
     run,
 )
 from rlrun.inference.engines.torch_process import TorchEngineProcess
+from rlrun.inference.structured import GrammarCompiler, model_grammars
 
 
 class _ThreadChannel:
@@ -63,6 +64,7 @@ class TorchEngine(CoreClient):
         max_batch_size: int,
         max_waiting: int,
         seed: int | None = None,
+        grammars: GrammarCompiler | None = None,
     ):
         super().__init__(
             model_name=model_name,
@@ -76,7 +78,9 @@ class TorchEngine(CoreClient):
             max_batch_size=max_batch_size,
             max_waiting=max_waiting,
             seed=seed,
+            grammars=grammars,
         )
+        self.structured_outputs = grammars is not None
         self.model = self.core.model
         self._channel: _ThreadChannel | None = None
         self._thread: threading.Thread | None = None
@@ -129,4 +133,5 @@ def create_engine(config: RunConfig):
         max_model_len=config.model.max_model_len,
         max_batch_size=config.inference.max_batch_size,
         max_waiting=config.inference.max_waiting,
+        grammars=model_grammars(config),
     )

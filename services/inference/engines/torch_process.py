@@ -56,6 +56,7 @@ from rlrun.inference.engines.torch_core import (
     TorchEngineCore,
     run,
 )
+from rlrun.inference.structured import model_grammars
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +244,7 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
         max_model_len=config.model.max_model_len,
         max_batch_size=config.inference.max_batch_size,
         max_waiting=config.inference.max_waiting,
+        grammars=model_grammars(config),
     )
     specs = [(name, t.dtype, tuple(t.shape)) for name, t in core.tensors.items()]
     try:
@@ -256,6 +258,8 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
 
 
 class TorchEngineProcess(CoreClient):
+    structured_outputs = True
+
     def __init__(self, config: RunConfig):
         super().__init__(
             model_name=config.name,

@@ -33,6 +33,7 @@ MESSAGES = [{"role": "user", "content": "Weather and time in Paris?"}]
 class ScriptedEngine(Engine):
     """Writes ANSWER, a token at a time when streamed, and keeps the prompts it was given."""
 
+    name = "scripted"
     model_name = "scripted"
     vocab_size = TOKENIZER.vocab_size
     max_model_len = 4096
@@ -141,7 +142,9 @@ async def test_a_conversation_goes_on_after_the_tools_answer(client, engine):
     assert "sunny, 21 C" in shown
 
 
-async def test_tool_choices_this_server_cannot_keep_are_refused(client):
+async def test_tool_choices_an_engine_cannot_keep_are_refused(client):
+    """This engine does not constrain its output (`Engine.structured_outputs`); the torch
+    engine does (test_openai_structured.py)."""
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
             model="scripted", messages=MESSAGES, tools=TOOLS, tool_choice="required"

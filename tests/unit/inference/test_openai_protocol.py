@@ -344,8 +344,8 @@ def test_a_completion_field_that_would_be_ignored_is_refused_by_name(fields, par
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"audio": {"voice": "alloy"}}, "audio"),
     ],
 )
 def test_a_chat_field_that_would_be_ignored_is_refused_by_name(fields, param):
@@ -419,22 +419,107 @@ def test_tools_and_earlier_calls_are_rendered_in_the_hermes_format(tokenizer):
     assert '"name": "get_weather"' in tokenizer.decode(prompt)
 
 
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "schema"),
+    [
+        ({}, None, None),
+        ({"response_format": {"type": "text"}}, None, None),
+        ({"response_format": {"type": "json_object"}}, "response_format", {"type": "object"}),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "array"}},
+                }
+            },
+            "response_format",
+            {"type": "array"},
+        ),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "n"}}}, "response_format", {}),
+        ({"tools": [WEATHER], "tool_choice": "auto"}, None, None),
+        ({"tools": [WEATHER, TIME], "tool_choice": NAMED}, "tool_choice", WEATHER["function"]["parameters"]),
+        (
+            {"tools": [TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+            "tool_choice",
+            {"type": "object"},
+        ),
+    ],
+)
+def test_the_constraint_a_request_asks_for(fields, field, schema):
+    structured = ChatCompletionRequest(**CHAT, **fields).structured_output()
+    if field is None:
+        assert structured is None
+    else:
+        assert (structured[0], json.loads(structured[1])) == (field, schema)
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+def test_tool_choice_required_asks_for_an_array_of_calls_of_the_tools_offered(parallel):
+    request = ChatCompletionRequest(
+        **CHAT, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel
+    )
+    field, text = request.structured_output()
+    schema = json.loads(text)
+    assert field == "tool_choice" and schema["type"] == "array" and schema["minItems"] == 1
+    assert schema.get("maxItems") == (1 if parallel is False else None)
+    calls = schema["items"]["anyOf"]
+    assert [c["properties"]["name"]["enum"] for c in calls] == [["get_weather"], ["get_time"]]
+    assert [c["properties"]["parameters"] for c in calls] == [
+        WEATHER["function"]["parameters"],
+        {"type": "object"},
+    ]
+    assert all(c["required"] == ["name", "parameters"] for c in calls)
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
-        (
-            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-            "tool_choice",
-        ),
         ({"tool_choice": "auto"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+        ),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "nonsense"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tools[0].function.parameters",
+        ),
     ],
 )
-def test_a_tool_choice_that_needs_constrained_decoding_is_refused(tokenizer, fields, param):
-    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
+def test_a_constraint_that_cannot_be_kept_is_refused_by_field(tokenizer, fields, param):
+    request = ChatCompletionRequest(**CHAT, **fields)
     with pytest.raises(RequestError) as caught:
         chat_prompts(request, tokenizer)
+        request.structured_output()
     assert caught.value.field == param
+
+
+def test_a_completion_takes_a_response_format_too():
+    request = CompletionRequest(prompt="abc", response_format={"type": "json_object"})
+    assert request.structured_output() == ("response_format", '{"type": "object"}')
 
 
 def test_a_bad_tool_or_earlier_call_is_a_validation_error():
@@ -478,6 +563,29 @@ def completion_of(tokenizer, text: str, reason: str = "stop") -> Completion:
             "stop",
         ),
         ({}, CALL_TEXT, CALL_TEXT, [], "stop"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required"},
+            '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_weather", "parameters": {"city": "Paris"}}]',
+            None,
+            ["get_weather", "get_weather"],
+            "tool_calls",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": NAMED},
+            '{"city": "Paris"}',
+            None,
+            ["get_weather"],
+            "tool_calls",
+        ),
+        # Cut short by max_tokens: no call, the text stays.
+        ({"tools": [WEATHER], "tool_choice": NAMED}, '{"city": "Pa', '{"city": "Pa', [], "stop"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required"},
+            '[{"name": "get_weather"}]',
+            '[{"name": "get_weather"}]',
+            [],
+            "stop",
+        ),
     ],
 )
 def test_the_answer_carries_the_tool_calls_it_wrote(tokenizer, tool_fields, text, content, names, reason):

@@ -2,7 +2,9 @@
 continuous batching, weight updates, cancellation, pausing, scoring."""
 
 import asyncio
+import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,13 +13,15 @@ from prometheus_client import REGISTRY
 from rlrun.common.errors import RequestError
 from rlrun.common.model import PackedCausal
 from rlrun.common.model.weights import TensorLayout, WeightAssembler, iter_update_messages
+from rlrun.common.tokenizer import CharTokenizer
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
 from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
+from rlrun.inference.structured import GrammarCompiler, allowed_tokens
 
 from ...integration.inference import reference_sampling
-from .conftest import MAX_MODEL_LEN, tiny_model
+from .conftest import MAX_MODEL_LEN, REPO, tiny_model
 
 
 def full_forward(model, token_ids: list[int]) -> torch.Tensor:
@@ -521,3 +525,55 @@ async def test_first_tokens_follow_the_models_distribution(model):
     )
     expected = torch.softmax(full_forward(model, prompt)[-1], -1)
     torch.testing.assert_close(counts / counts.sum(), expected, atol=0.03, rtol=0)
+
+
+async def test_constrained_samples_write_matching_json_with_logprobs_under_the_mask(model):
+    """Every sample is JSON of the schema, ends with the token that completes it, and each
+    token's logprob is under the tempered distribution with the grammar's mask applied
+    (replayed through a grammar of its own)."""
+    tokenizer = CharTokenizer.from_file(REPO / "configs/tokenizer/char.json")
+    grammars = GrammarCompiler(lambda: tokenizer)
+    engine = TorchEngine(
+        model,
+        model_name="tiny",
+        max_model_len=MAX_MODEL_LEN,
+        max_batch_size=8,
+        max_waiting=64,
+        seed=0,
+        grammars=grammars,
+    )
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["paris", "rome"]}, "open": {"type": "boolean"}},
+        "required": ["city", "open"],
+        "additionalProperties": False,
+    }
+    constrained = SamplingParams(max_tokens=40, temperature=0.9, n=3, json_schema=json.dumps(schema))
+    free = SamplingParams(max_tokens=40, temperature=0.9)
+    await engine.start()
+    try:
+        both = await asyncio.gather(
+            engine.generate(PROMPTS[1], constrained),
+            engine.generate(PROMPTS[1], replace(constrained, temperature=0.0, n=1)),
+            engine.generate(PROMPTS[1], free),
+        )
+    finally:
+        await engine.stop()
+    sampled, [greedy], [unconstrained] = both
+    for completion, temperature in [*((c, 0.9) for c in sampled), (greedy, 1.0)]:
+        value = json.loads(tokenizer.decode(completion.token_ids))
+        assert value["city"] in ("paris", "rome") and isinstance(value["open"], bool)
+        assert completion.finish_reason == "stop"
+        logits = full_forward(model, PROMPTS[1] + completion.token_ids)[len(PROMPTS[1]) - 1 : -1]
+        replay, expected = grammars.sample_grammar(json.dumps(schema)), []
+        bitmask = torch.empty(1, replay.mask_words, dtype=torch.int32)
+        for row, token in zip(logits, completion.token_ids, strict=True):
+            replay.fill_mask(bitmask[0])
+            masked = row.masked_fill(~allowed_tokens(bitmask, row.shape[0])[0], float("-inf"))
+            expected.append(torch.log_softmax(masked / temperature, -1)[token])
+            replay.accept(token)
+        torch.testing.assert_close(
+            torch.tensor(completion.logprobs), torch.stack(expected), atol=1e-4, rtol=0
+        )
+    # The model alone writes no JSON: the constraint, not chance, made the samples above.
+    assert not tokenizer.decode(unconstrained.token_ids).startswith('{"city": ')
