@@ -185,9 +185,19 @@ async def test_best_of_answers_the_best_of_the_same_seeded_samples(client):
 async def test_a_field_the_server_would_ignore_is_refused_not_dropped(client):
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
+            model="reverse_text",
+            messages=MESSAGES,
+            max_tokens=2,
+            prediction={"type": "content", "content": "cba"},
+        )
+    assert caught.value.body["param"] == "prediction"
+    # Kept where it can be (test_openai_structured.py); the demo's alphabet has no "{".
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
             model="reverse_text", messages=MESSAGES, max_tokens=2, response_format={"type": "json_object"}
         )
     assert caught.value.body["param"] == "response_format"
+    assert "tokenizer cannot write" in caught.value.body["message"]
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(
             model="reverse_text", prompt="abc", max_tokens=2, extra_body={"guided_regex": "a+"}
