@@ -326,10 +326,6 @@ class ChatCompletionRequest(_SamplingFields):
             "tool_choice.function.name", f"tool_choice names {name!r}, not a tool offered ({offered})"
         )
 
-    def parses_tool_calls(self) -> bool:
-        """Whether tool calls are read out of the answers' text (Hermes blocks)."""
-        return self.tool_mode() == "auto"
-
     def forced_name(self) -> str | None:
         """With a named tool_choice, the function every call is of; None: the calls (of
         tool_choice "required") name theirs."""
