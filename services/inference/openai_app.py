@@ -166,6 +166,7 @@ def build_openai_app(
         """Each prompt of the request with its sampling settings, checked against the model."""
         body.check_fields()
         structured = body.structured_output()
+        schema = None
         if structured is not None:
             field, schema = structured
             if not engine.structured_outputs:
@@ -175,7 +176,7 @@ def build_openai_app(
             grammars.check_writable(schema, field)
         requests = []
         for field, prompt in build_prompts(body, tokenizer):
-            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens)
+            params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens, schema)
             check_generate(
                 prompt,
                 params,

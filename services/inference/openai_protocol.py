@@ -448,11 +448,12 @@ def sampling_params(
     prompt_len: int,
     max_model_len: int,
     max_tokens: int | None,
+    json_schema: str | None = None,
 ) -> SamplingParams:
-    """The engine's settings for a request; `max_tokens` None means the rest of the context."""
+    """The engine's settings for a request; `max_tokens` None means the rest of the context;
+    `json_schema`: the request's `structured_output`, checked once per request by the caller."""
     if request.top_k < 0:
         raise RequestError("top_k", f"top_k must be >= 0, got {request.top_k}")
-    structured = request.structured_output()
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else max_model_len - prompt_len,
         temperature=request.temperature,
@@ -468,7 +469,7 @@ def sampling_params(
         frequency_penalty=request.frequency_penalty or 0.0,
         logit_bias=_logit_bias(request),
         repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-        json_schema=None if structured is None else structured[1],
+        json_schema=json_schema,
     )
 
 

@@ -70,7 +70,7 @@ class _CharTokens:
         self.special_token_ids = sorted(specials)
         self.eos_token_id = tokenizer.eos_token_id
         self.bos_token_id = None
-        self._ids = {text: index for index, text in enumerate(tokenizer.chars, len(tokenizer.specials))}
+        self._ids = tokenizer.token_to_id
 
     def __call__(self, text: bytes) -> list[int]:
         """The tokens of the longest prefix of `text` the alphabet can write (not the unknown
