@@ -23,7 +23,13 @@ def test_quick_bench_prints_the_ratios(tmp_path):
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert json.loads(output.read_text()) == last
     # what it measures, as it goes, on stderr
-    for stage in ("(a) and (b), round 2 of 2", "5 weight updates", "(c) sequential", "the larger model"):
+    for stage in (
+        "(a) and (b), round 2 of 2",
+        "(a) beside (b)'s gRPC traffic",
+        "5 weight updates",
+        "(c) sequential",
+        "the larger model",
+    ):
         assert stage in result.stderr
     for key in (
         "ratio_vs_limit",
@@ -32,8 +38,15 @@ def test_quick_bench_prints_the_ratios(tmp_path):
         "weights_median_ratio_vs_raw",
         "engine_process_ratio_vs_limit",
         "grpc_ceiling_ratio_vs_limit",
+        "limit_beside_grpc_ratio_vs_limit",
     ):
         assert last[key] > 0
+    assert last["limit_beside_grpc_ratio_vs_limit"] == pytest.approx(
+        last["limit_beside_grpc_tok_s"] / last["limit_tok_s"], abs=0.002
+    )
+    assert last["best_ratio_vs_limit_estimate"] == pytest.approx(
+        last["grpc_ceiling_ratio_vs_limit"] * last["limit_beside_grpc_ratio_vs_limit"], abs=0.002
+    )
     rounds = last["rounds"]
     assert len(rounds["ratio_vs_limit"]) == len(rounds["limit_tok_s"]) == 2
     paired = zip(rounds["ratio_vs_limit"], rounds["limit_tok_s"], rounds["service_tok_s"], strict=True)
