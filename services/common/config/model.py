@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 
 from rlrun.common.config.base import Section
 
+CHAR_TOKENIZER = Path("configs/tokenizer/char.json")
+"""The tokenizer of a model built from `config` when none is named."""
+
 
 class ModelConfig(Section):
     config: Path | None = Path("configs/models/tiny-d64.json")
@@ -19,9 +22,9 @@ class ModelConfig(Section):
     path: Path | None = None
     """A local Hugging Face checkpoint directory (config.json + *.safetensors). Default: unset."""
 
-    tokenizer: Path | None = Path("configs/tokenizer/char.json")
-    """The tokenizer file (the in-repo character tokenizer), or unset to use the checkpoint's own
-    tokenizer from `path`. Default: configs/tokenizer/char.json."""
+    tokenizer: Path | None = None
+    """A character tokenizer file (configs/tokenizer/). Default: the checkpoint's own tokenizer
+    when `path` is set, else configs/tokenizer/char.json."""
 
     seed: int = 0
     """Seed for random initialisation. Default: 0."""
@@ -43,5 +46,5 @@ class ModelConfig(Section):
         if self.config is None and self.path is None:
             raise ValueError("set model.config (random init) or model.path (checkpoint)")
         if self.tokenizer is None and self.path is None:
-            raise ValueError("model.tokenizer may be unset only when model.path names a checkpoint")
+            self.tokenizer = CHAR_TOKENIZER
         return self

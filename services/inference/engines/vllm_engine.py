@@ -15,6 +15,12 @@ Semantics against the torch engine:
 - `policy_version_start` is the version when the request was submitted (vLLM reports no
   per-token timing here): a conservative bound for staleness checks.
 - Score runs at temperature 1 only (vLLM's prompt logprobs are raw).
+- Structured outputs (`SamplingParams.json_schema`) use vLLM's own, with its llguidance
+  backend and the torch engine's compact JSON (the schema carries llguidance's options). vLLM
+  compiles grammars over its tokenizer, so it loads the checkpoint's (`loads_tokenizer`);
+  with a char tokenizer file it runs without one and refuses them. Its masks are the torch
+  engine's, but a sample ends with the end token the completed value leaves as the only
+  choice, where the torch engine ends it with the value's last token.
 - Weight updates run inside vLLM's workers through `collective_rpc`, which the engine core
   executes between two scheduler steps; the prefix cache is reset afterwards so no new request
   reuses K/V computed under the old weights. See `vllm_worker` for the NCCL path.
@@ -23,6 +29,7 @@ Semantics against the torch engine:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -49,6 +56,7 @@ from rlrun.inference.engines.base import (
     TopLogprobs,
     check_version_order,
 )
+from rlrun.inference.structured import COMPACT_JSON
 from rlrun.inference.throughput import ThroughputMeter
 from rlrun.v1 import weights_pb2
 
@@ -67,12 +75,22 @@ _FINISH_REASONS: dict[str | None, FinishReason] = {
 # -- pure translation (no vllm import) -------------------------------------------------------
 
 
+def loads_tokenizer(config: RunConfig) -> bool:
+    """Whether vLLM loads the checkpoint's tokenizer: when the service's own tokenizer is that
+    one (no char tokenizer file). The service never sends it text; vLLM needs it only to
+    compile structured outputs' grammars."""
+    return config.model.tokenizer is None and config.model.path is not None
+
+
 def engine_args(config: RunConfig, model_dir: Path) -> dict[str, Any]:
-    """Keyword arguments of vllm.AsyncEngineArgs for this run."""
+    """Keyword arguments of vllm.AsyncEngineArgs for this run (`structured_outputs_config` as
+    the keyword arguments of its StructuredOutputsConfig)."""
     vllm_cfg = config.inference.vllm
     return {
         "model": str(model_dir),
-        "skip_tokenizer_init": True,  # token-in/token-out: the service never sends text to vLLM
+        "skip_tokenizer_init": not loads_tokenizer(config),
+        # llguidance, as the torch engine: it reads the compact-JSON options in the schema.
+        "structured_outputs_config": {"backend": "guidance"},
         "max_model_len": config.model.max_model_len,
         "max_num_seqs": config.inference.max_batch_size,
         "dtype": config.model.dtype,
@@ -88,8 +106,14 @@ def engine_args(config: RunConfig, model_dir: Path) -> dict[str, Any]:
 
 
 def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
-    """Keyword arguments of vllm.SamplingParams (the output kind is added by the caller)."""
+    """Keyword arguments of vllm.SamplingParams (the output kind is added by the caller;
+    `structured_outputs`, when there, as the keyword arguments of its StructuredOutputsParams)."""
+    constrained = {}
+    if params.json_schema is not None:
+        schema = json.loads(params.json_schema) | {"x-guidance": COMPACT_JSON}
+        constrained = {"structured_outputs": {"json": schema}}
     return {
+        **constrained,
         "n": params.n,
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -237,6 +261,7 @@ class VllmEngine(Engine):
         self._nccl_group: tuple | None = None
         self._meter = ThroughputMeter()
         self._llm = None
+        self.structured_outputs = loads_tokenizer(config)
 
     def _model_dir(self) -> Path:
         """A checkpoint directory vLLM can load: model.path, or the seeded random init saved once."""
@@ -248,10 +273,13 @@ class VllmEngine(Engine):
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
         model_dir = await asyncio.to_thread(self._model_dir)
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(self.config, model_dir)))
+        args = engine_args(self.config, model_dir)
+        args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         metrics.POLICY_VERSION.set(self._version)
 
     async def stop(self) -> None:
@@ -265,15 +293,14 @@ class VllmEngine(Engine):
 
     def _request(self, prompt: Sequence[int], params: SamplingParams, request_id: str, delta: bool):
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         unique_id = f"{request_id or 'req'}-{uuid.uuid4().hex}"  # vLLM needs ids unique among live requests
-        return (
-            token_prompt(prompt),
-            VllmSamplingParams(**sampling_kwargs(params), output_kind=kind),
-            unique_id,
-        )
+        kwargs = sampling_kwargs(params)
+        if "structured_outputs" in kwargs:
+            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        return token_prompt(prompt), VllmSamplingParams(**kwargs, output_kind=kind), unique_id
 
     def _started(self, prompt: Sequence[int], params: SamplingParams) -> float:
         self._in_flight += 1

@@ -40,6 +40,7 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     """Both model families through the engine, then the whole service as a pod runs it."""
     reports = last_json_line(vllm_python, str(CHECK), str(tmp_path))
     service = reports.pop("service")
+    structured = reports.pop("structured")
     assert set(reports) == {"qwen3", "gpt2"}
     for report in reports.values():
         for key in (
@@ -78,6 +79,16 @@ def test_the_vllm_engine_keeps_the_contract_on_a_real_vllm(tmp_path, vllm_python
     plain, stop, stopped_text, reason = service["http_stop"]
     assert len(stop) == 2 and (stopped_text, reason) == (plain[: plain.find(stop)], "stop")
     assert service["exit_code"] == 0
+    # structured outputs, vLLM's own, on a checkpoint with its tokenizer: compact JSON of the
+    # schema, ended by the end token, with logprobs under the torch engine's grammar masks
+    assert structured["offered"] and set(structured["finish_reasons"]) == {"stop"}, structured
+    assert structured["end_token_last"] and structured["masked_logprob_diff"] < 1e-4, structured
+    http_texts = [text for text, reason in structured["http_choices"] if reason == "stop"]
+    assert len(http_texts) == 2 and structured["http_exit_code"] == 0, structured  # response_format
+    for text in [*structured["texts"], *http_texts]:
+        value = json.loads(text)
+        assert set(value) == {"b", "c"} and value["b"] in ("x", "yy") and isinstance(value["c"], bool)
+        assert text == json.dumps(value)  # compact, as the torch engine writes it
 
 
 @pytest.mark.slow

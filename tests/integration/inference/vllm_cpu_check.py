@@ -309,6 +309,138 @@ async def service_check(output_dir: Path) -> dict:
     }
 
 
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {"b": {"enum": ["x", "yy"]}, "c": {"type": "boolean"}},
+    "required": ["b", "c"],
+    "additionalProperties": False,
+}
+"""Bounded: every value a random model writes under it is complete within a few tokens."""
+
+
+def byte_level_checkpoint(output_dir: Path) -> Path:
+    """A GPT-2 checkpoint directory as a Hugging Face one is: the model and its own
+    byte-level tokenizer (256 bytes and an end token), which vLLM loads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlrun.common.model import ArchConfig, create_model, save_checkpoint_dir
+
+    vocab = {symbol: i for i, symbol in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core)
+    tokenizer.add_special_tokens({"eos_token": "<|end|>"})
+    path = output_dir / "checkpoint"
+    tokenizer.save_pretrained(path)
+    arch = json.loads((REPO / "configs/models/tiny-gpt2-d64.json").read_text()) | {
+        "n_embd": 128,
+        "n_inner": 512,
+        "vocab_size": len(tokenizer),
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.eos_token_id,
+    }
+    model = create_model(ArchConfig.from_dict(arch))
+    model.init_weights(0, "pytorch")
+    save_checkpoint_dir(model, arch, path)
+    return path
+
+
+def masked_logprob_diff(completion, model, prompt, grammars, schema: str) -> float:
+    """The largest gap between a constrained completion's logprobs and a recomputed forward
+    pass under the masks of the torch engine's grammar, replayed through its tokens."""
+    from rlrun.inference.structured import allowed_tokens
+
+    ids = torch.tensor(prompt + completion.token_ids)
+    with torch.no_grad():
+        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))[len(prompt) - 1 : -1].float()
+    sample = grammars.sample_grammar(schema)
+    mask = torch.empty(sample.mask_words, dtype=torch.int32)
+    gaps = []
+    for position, token in enumerate(completion.token_ids):
+        sample.fill_mask(mask)
+        allowed = allowed_tokens(mask[None], logits.shape[1])[0]
+        reference = torch.log_softmax(logits[position].masked_fill(~allowed, float("-inf")), -1)[token]
+        gaps.append(abs(completion.logprobs[position] - reference.item()))
+        if position < len(completion.token_ids) - 1:
+            sample.accept(token)
+    return max(gaps)
+
+
+def checkpoint_config(output_dir: Path, checkpoint: Path) -> Path:
+    """A run config that serves `checkpoint` with the vLLM engine and names no tokenizer, so
+    that the checkpoint's own is used."""
+    path = output_dir / "checkpoint.toml"
+    path.write_text(
+        f'output_dir = "{output_dir}"\n'
+        f'[model]\npath = "{checkpoint}"\nmax_model_len = 64\n'
+        '[inference]\nengine = "vllm"\n[inference.vllm]\nenforce_eager = true\n'
+        '[[orchestrator.train.env]]\nid = "reverse-text"\n'
+    )
+    return path
+
+
+async def structured_check(output_dir: Path) -> dict:
+    """Structured outputs through vLLM's own (guidance backend), on a checkpoint with its
+    tokenizer: samples and a greedy one under a JSON schema through the engine, then
+    `response_format` over HTTP from the service."""
+    from rlrun.common.model import load_checkpoint_dir
+    from rlrun.common.tokenizer import load_tokenizer
+    from rlrun.inference.structured import model_grammars, schema_text
+
+    checkpoint = byte_level_checkpoint(output_dir)
+    config_file = checkpoint_config(output_dir, checkpoint)
+    config = load_config(config_file)
+    tokenizer = load_tokenizer(None, checkpoint)
+    schema = schema_text(STRUCTURED_SCHEMA, "schema")
+    engine = VllmEngine(config)
+    await engine.start()
+    try:
+        prompt = tokenizer.encode("answer: ")
+        constrained = SamplingParams(
+            max_tokens=40, temperature=1.0, n=4, stop_token_ids=[tokenizer.eos_token_id], json_schema=schema
+        )
+        sampled = await engine.generate(prompt, constrained)
+        [greedy] = await engine.generate(
+            prompt,
+            SamplingParams(
+                max_tokens=40, temperature=0.0, stop_token_ids=[tokenizer.eos_token_id], json_schema=schema
+            ),
+        )
+    finally:
+        await engine.stop()
+    model = load_checkpoint_dir(checkpoint)
+    grammars = model_grammars(config)
+    completions = [*sampled, greedy]
+    http_port = free_port()
+    process, _ = await start_service(
+        "inference", config_file, output_dir / "service", "--http-port", str(http_port), ready_timeout_s=300
+    )
+    try:
+        response_format = {
+            "type": "json_schema",
+            "json_schema": {"name": "pick", "schema": STRUCTURED_SCHEMA},
+        }
+        body = {"model": config.name, "prompt": "answer: ", "max_tokens": 40, "n": 2}
+        http = await asyncio.to_thread(
+            http_completion, http_port, body | {"response_format": response_format}
+        )
+    finally:
+        exit_code = await stop_service(process, timeout_s=120)
+    return {
+        "offered": engine.structured_outputs,
+        "texts": [tokenizer.decode(c.token_ids) for c in completions],
+        "finish_reasons": [c.finish_reason for c in completions],
+        "end_token_last": all(c.token_ids[-1] == tokenizer.eos_token_id for c in completions),
+        "masked_logprob_diff": max(
+            masked_logprob_diff(c, model, prompt, grammars, schema) for c in completions
+        ),
+        "http_choices": [(c["text"], c["finish_reason"]) for c in http["choices"]],
+        "http_exit_code": exit_code,
+    }
+
+
 def greedy_loop(model, prompt, steps, params: SamplingParams | None = None):
     """Greedy decoding; with `params`, over its biased and penalised logits."""
     completion: list[int] = []
@@ -340,4 +472,5 @@ if __name__ == "__main__":
     output = Path(sys.argv[1])
     reports = {family: asyncio.run(check(output / family, family)) for family in MODELS}
     reports["service"] = asyncio.run(service_check(output / "service"))
+    reports["structured"] = asyncio.run(structured_check(output / "structured"))
     print(json.dumps(reports))

@@ -1,19 +1,22 @@
 """The vLLM engine's translation to and from vLLM's types, on CPU without vLLM installed."""
 
+import json
 import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
+import llguidance
 import pytest
 import torch
 
 from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
-from rlrun.common.model import build_model
+from rlrun.common.model import arch_dict, build_model, save_checkpoint_dir
 from rlrun.common.model.weights import build_header
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.vllm_engine import (
     WORKER_EXTENSION,
+    VllmEngine,
     completion_from_output,
     delta_from_output,
     engine_args,
@@ -24,6 +27,7 @@ from rlrun.inference.engines.vllm_engine import (
     tensor_payload,
 )
 from rlrun.inference.engines.vllm_worker import tensors_from_payload
+from rlrun.inference.structured import COMPACT_JSON, grammar
 from rlrun.v1 import weights_pb2
 
 from .conftest import REPO
@@ -81,11 +85,34 @@ def test_sampling_translation_keeps_the_contract():
 
 def test_engine_args_are_token_in_token_out_with_processed_logprobs(config):
     args = engine_args(config, Path("/models/x"))
-    assert args["skip_tokenizer_init"] is True
+    assert args["skip_tokenizer_init"] is True  # the demo's char tokenizer: vLLM has none
+    assert args["structured_outputs_config"] == {"backend": "guidance"}
     assert args["logprobs_mode"] == "processed_logprobs"
     assert args["worker_extension_cls"] == WORKER_EXTENSION
     expected = (config.model.max_model_len, config.inference.max_batch_size, True)
     assert (args["max_model_len"], args["max_num_seqs"], args["enforce_eager"]) == expected
+
+
+def test_vllm_loads_the_tokenizer_only_where_it_is_the_checkpoints(config, tmp_path):
+    """Structured outputs need vLLM's tokenizer: the engine offers them exactly then."""
+    save_checkpoint_dir(build_model(config.model), arch_dict(config.model), tmp_path)
+    checkpoint = config.model.model_copy(update={"path": tmp_path, "tokenizer": None})
+    from_checkpoint = config.model_copy(update={"model": checkpoint})
+    assert engine_args(from_checkpoint, tmp_path)["skip_tokenizer_init"] is False
+    assert VllmEngine(from_checkpoint).structured_outputs
+    assert not VllmEngine(config).structured_outputs  # a char tokenizer file
+
+
+def test_a_json_schema_becomes_vllms_structured_outputs_with_compact_json():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    kwargs = sampling_kwargs(SamplingParams(max_tokens=9, json_schema=json.dumps(schema)))
+    assert kwargs["structured_outputs"] == {"json": schema | {"x-guidance": COMPACT_JSON}}
+    assert "structured_outputs" not in sampling_kwargs(SamplingParams(max_tokens=9))
+    # llguidance reads the options in the schema before vLLM's defaults (flexible whitespace
+    # unless disable_any_whitespace), so vLLM's grammar is the torch engine's
+    sent = json.dumps(kwargs["structured_outputs"]["json"])
+    vllms = llguidance.LLMatcher.grammar_from_json_schema(sent, defaults={"whitespace_flexible": True})
+    assert json.loads(vllms)["grammars"] == json.loads(grammar(json.dumps(schema)))["grammars"]
 
 
 def test_worker_extension_is_importable_by_its_qualified_name():
