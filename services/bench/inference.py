@@ -421,18 +421,24 @@ async def sink_channel() -> AsyncIterator[grpc.aio.Channel]:
         sink.join(timeout=10)
 
 
+def sink_generate(channel: grpc.aio.Channel, limit_tok_s: float):
+    """`clients_tok_s`'s `generate` against the sink's Wait: each request held as long as it
+    takes at `limit_tok_s`, where a step decodes one token of each of the 32 sequences."""
+    wait = channel.unary_unary(
+        WAIT_METHOD,
+        request_serializer=inference_pb2.GenerateRequest.SerializeToString,
+        response_deserializer=inference_pb2.GenerateResponse.FromString,
+    )
+    return grpc_generate(wait, request_id=repr(BATCH / limit_tok_s))
+
+
 async def grpc_ceiling_tok_s(
     channel: grpc.aio.Channel, vocab: int, limit_tok_s: float, requests_per_client: int
 ) -> float:
     """The 32 clients against `Wait`: each request takes as long as at the limit, where a
     step decodes one token of each of the 32 sequences in BATCH / limit_tok_s seconds. What
     is lost here is lost to gRPC and the clients alone, with a core left free for them."""
-    wait = channel.unary_unary(
-        WAIT_METHOD,
-        request_serializer=inference_pb2.GenerateRequest.SerializeToString,
-        response_deserializer=inference_pb2.GenerateResponse.FromString,
-    )
-    generate = grpc_generate(wait, request_id=repr(BATCH / limit_tok_s))
+    generate = sink_generate(channel, limit_tok_s)
     await clients_tok_s(generate, vocab, 1)  # warm-up
     return await clients_tok_s(generate, vocab, requests_per_client)
 
@@ -450,12 +456,7 @@ async def limit_beside_grpc_tok_s(
     On a machine whose cores share a physical core, or its caches, the other core's work
     slows the loop; (a) alone does not see that cost, which any service with gRPC clients
     pays."""
-    wait = channel.unary_unary(
-        WAIT_METHOD,
-        request_serializer=inference_pb2.GenerateRequest.SerializeToString,
-        response_deserializer=inference_pb2.GenerateResponse.FromString,
-    )
-    generate = grpc_generate(wait, request_id=repr(BATCH / limit_tok_s))
+    generate = sink_generate(channel, limit_tok_s)
     measured = asyncio.Event()
 
     async def client(index: int) -> None:

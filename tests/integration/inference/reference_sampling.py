@@ -25,3 +25,18 @@ def adjusted_logits(logits: torch.Tensor, prompt: list[int], completion: list[in
         logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
         counts[token] += 1
     return logits
+
+
+def grammar_masked_logits(logits: torch.Tensor, completion: list[int], grammar) -> torch.Tensor:
+    """`logits` [len(completion), V] with -inf wherever `grammar` (a fresh SampleGrammar),
+    replayed through the completion, did not allow the token at that position."""
+    from rlrun.inference.structured import allowed_tokens
+
+    masked = logits.float().clone()
+    bitmask = torch.empty(1, grammar.mask_words, dtype=torch.int32)
+    for position in range(len(completion)):
+        if position:
+            grammar.accept(completion[position - 1])
+        grammar.fill_mask(bitmask[0])
+        masked[position].masked_fill_(~allowed_tokens(bitmask, masked.shape[1])[0], float("-inf"))
+    return masked

@@ -19,8 +19,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from byte_level import byte_level_tokenizer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from reference_sampling import adjusted_logits
+from reference_sampling import adjusted_logits, grammar_masked_logits
 
 from rlrun.bench.services import free_port, start_service, stop_service
 from rlrun.common.config import load_config
@@ -321,17 +322,9 @@ STRUCTURED_SCHEMA = {
 def byte_level_checkpoint(output_dir: Path) -> Path:
     """A GPT-2 checkpoint directory as a Hugging Face one is: the model and its own
     byte-level tokenizer (256 bytes and an end token), which vLLM loads."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     from rlrun.common.model import ArchConfig, create_model, save_checkpoint_dir
 
-    vocab = {symbol: i for i, symbol in enumerate(pre_tokenizers.ByteLevel.alphabet())}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core)
-    tokenizer.add_special_tokens({"eos_token": "<|end|>"})
+    tokenizer = byte_level_tokenizer("<|end|>")
     path = output_dir / "checkpoint"
     tokenizer.save_pretrained(path)
     arch = json.loads((REPO / "configs/models/tiny-gpt2-d64.json").read_text()) | {
@@ -350,22 +343,12 @@ def byte_level_checkpoint(output_dir: Path) -> Path:
 def masked_logprob_diff(completion, model, prompt, grammars, schema: str) -> float:
     """The largest gap between a constrained completion's logprobs and a recomputed forward
     pass under the masks of the torch engine's grammar, replayed through its tokens."""
-    from rlrun.inference.structured import allowed_tokens
-
     ids = torch.tensor(prompt + completion.token_ids)
     with torch.no_grad():
-        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))[len(prompt) - 1 : -1].float()
-    sample = grammars.sample_grammar(schema)
-    mask = torch.empty(sample.mask_words, dtype=torch.int32)
-    gaps = []
-    for position, token in enumerate(completion.token_ids):
-        sample.fill_mask(mask)
-        allowed = allowed_tokens(mask[None], logits.shape[1])[0]
-        reference = torch.log_softmax(logits[position].masked_fill(~allowed, float("-inf")), -1)[token]
-        gaps.append(abs(completion.logprobs[position] - reference.item()))
-        if position < len(completion.token_ids) - 1:
-            sample.accept(token)
-    return max(gaps)
+        logits = model(ids, torch.arange(len(ids)), PackedCausal([len(ids)]))[len(prompt) - 1 : -1]
+    masked = grammar_masked_logits(logits, completion.token_ids, grammars.sample_grammar(schema))
+    reference = torch.log_softmax(masked, -1).gather(1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+    return (torch.tensor(completion.logprobs) - reference).abs().max().item()
 
 
 def checkpoint_config(output_dir: Path, checkpoint: Path) -> Path:

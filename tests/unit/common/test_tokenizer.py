@@ -8,6 +8,8 @@ import pytest
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import CharTokenizer, ChatMessage, load_tokenizer, render_chat
 
+from ...integration.inference.byte_level import byte_level_tokenizer
+
 REPO = Path(__file__).resolve().parents[3]
 CHAR = REPO / "configs/tokenizer/char.json"
 
@@ -69,16 +71,7 @@ WITHOUT_TOOLS = (
 
 def hf_tokenizer(tmp_path, template: str):
     """A byte-level tokenizer with `template`, saved and loaded as a checkpoint's is."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {symbol: i for i, symbol in enumerate(pre_tokenizers.ByteLevel.alphabet())}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=core, chat_template=template)
-    fast.add_special_tokens({"eos_token": "<|im_end|>", "additional_special_tokens": ["<|im_start|>"]})
-    fast.save_pretrained(tmp_path)
+    byte_level_tokenizer("<|im_end|>", ["<|im_start|>"], template).save_pretrained(tmp_path)
     return load_tokenizer(None, tmp_path)
 
 

@@ -18,7 +18,7 @@ from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
 from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
-from rlrun.inference.structured import GrammarCompiler, allowed_tokens
+from rlrun.inference.structured import GrammarCompiler
 
 from ...integration.inference import reference_sampling
 from .conftest import MAX_MODEL_LEN, REPO, tiny_model
@@ -565,15 +565,11 @@ async def test_constrained_samples_write_matching_json_with_logprobs_under_the_m
         assert value["city"] in ("paris", "rome") and isinstance(value["open"], bool)
         assert completion.finish_reason == "stop"
         logits = full_forward(model, PROMPTS[1] + completion.token_ids)[len(PROMPTS[1]) - 1 : -1]
-        replay, expected = grammars.sample_grammar(json.dumps(schema)), []
-        bitmask = torch.empty(1, replay.mask_words, dtype=torch.int32)
-        for row, token in zip(logits, completion.token_ids, strict=True):
-            replay.fill_mask(bitmask[0])
-            masked = row.masked_fill(~allowed_tokens(bitmask, row.shape[0])[0], float("-inf"))
-            expected.append(torch.log_softmax(masked / temperature, -1)[token])
-            replay.accept(token)
-        torch.testing.assert_close(
-            torch.tensor(completion.logprobs), torch.stack(expected), atol=1e-4, rtol=0
+        replay = grammars.sample_grammar(json.dumps(schema))
+        masked = reference_sampling.grammar_masked_logits(logits, completion.token_ids, replay)
+        expected = torch.log_softmax(masked / temperature, -1).gather(
+            1, torch.tensor(completion.token_ids)[:, None]
         )
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected[:, 0], atol=1e-4, rtol=0)
     # The model alone writes no JSON: the constraint, not chance, made the samples above.
     assert not tokenizer.decode(unconstrained.token_ids).startswith('{"city": ')
