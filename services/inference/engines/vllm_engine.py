@@ -64,6 +64,12 @@ log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "rlrun.inference.engines.vllm_worker.RlrunWorkerExtension"
 
+VLLM_VERSIONS = ">=0.16,<0.34"
+"""The vLLM releases this adapter runs on, as the `vllm` extra requires them: 0.16 brought
+`pause_generation(mode="keep")`, which holds requests across a weight update; 0.32 is the
+release `make test-vllm-cpu` runs, and 0.33's sources have every API used here. vLLM moves
+its APIs between releases, so a newer one is admitted once the checks run on it."""
+
 _FINISH_REASONS: dict[str | None, FinishReason] = {
     "stop": "stop",
     "length": "length",
@@ -73,6 +79,18 @@ _FINISH_REASONS: dict[str | None, FinishReason] = {
 
 
 # -- pure translation (no vllm import) -------------------------------------------------------
+
+
+def check_vllm_version(installed: str) -> None:
+    """Fails, naming both, unless `installed` is one of VLLM_VERSIONS (development builds of
+    them included: GPU clusters often run vLLM's nightlies)."""
+    from packaging.specifiers import SpecifierSet
+
+    if not SpecifierSet(VLLM_VERSIONS).contains(installed, prereleases=True):
+        raise RuntimeError(
+            f"inference.engine = 'vllm' runs on vLLM {VLLM_VERSIONS}, but vLLM {installed} is "
+            "installed: pip install 'rlrun[vllm]' installs a supported one"
+        )
 
 
 def loads_tokenizer(config: RunConfig) -> bool:
@@ -272,6 +290,13 @@ class VllmEngine(Engine):
         return target
 
     async def start(self) -> None:
+        try:
+            import vllm
+        except ImportError as error:
+            raise RuntimeError(
+                "inference.engine = 'vllm' needs vLLM, the `vllm` extra: pip install 'rlrun[vllm]'"
+            ) from error
+        check_vllm_version(vllm.__version__)
         from vllm import AsyncEngineArgs
         from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.async_llm import AsyncLLM

