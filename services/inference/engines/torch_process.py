@@ -73,6 +73,14 @@ class _Ready:
 
 
 @dataclass
+class _LoadFailed:
+    """The engine process's first message instead of _Ready: why it could not load the
+    model (a missing checkpoint, a bad config), for the front end to fail start with."""
+
+    error: str
+
+
+@dataclass
 class _AttachStaging:
     path: str
     """A file on tmpfs the front end has mapped; the engine process maps it and unlinks it."""
@@ -238,14 +246,18 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
     limit_threads(config.inference.num_threads)
     setup_logging("inference-engine", None, config.log_level)
     frames = _FrameSocket(sock)
-    model = build_model(config.model, device=config.inference.device)
-    core = TorchEngineCore(
-        model,
-        max_model_len=config.model.max_model_len,
-        max_batch_size=config.inference.max_batch_size,
-        max_waiting=config.inference.max_waiting,
-        grammars=model_grammars(config),
-    )
+    try:
+        model = build_model(config.model, device=config.inference.device)
+        core = TorchEngineCore(
+            model,
+            max_model_len=config.model.max_model_len,
+            max_batch_size=config.inference.max_batch_size,
+            max_waiting=config.inference.max_waiting,
+            grammars=model_grammars(config),
+        )
+    except Exception as error:
+        frames.send(_LoadFailed(f"{type(error).__name__}: {error}"))
+        raise
     specs = [(name, t.dtype, tuple(t.shape)) for name, t in core.tensors.items()]
     try:
         frames.send(_Ready(specs, model.config.vocab_size))
@@ -304,6 +316,9 @@ class TorchEngineProcess(CoreClient):
             raise RuntimeError(
                 f"the engine process exited while loading the model (exit code {code})"
             ) from error
+        if isinstance(ready, _LoadFailed):
+            await asyncio.to_thread(self._join, 10)
+            raise RuntimeError(f"the engine process could not load the model: {ready.error}")
         self.vocab_size = ready.vocab_size
         self._specs = {
             name: torch.empty(shape, dtype=dtype, device="meta") for name, dtype, shape in ready.specs

@@ -5,6 +5,7 @@ happens when either side goes away."""
 import asyncio
 import glob
 import os
+import re
 import signal
 
 import pytest
@@ -252,10 +253,24 @@ def test_weight_staging_falls_back_to_the_temp_folder_when_tmpfs_is_full(monkeyp
         torch_process._create_staging(4096)
 
 
-async def test_a_model_that_fails_to_load_fails_start_with_the_exit_code(tmp_path):
+async def test_a_model_that_fails_to_load_fails_start_with_the_reason(tmp_path):
     config = engine_config()
     config.model.path = tmp_path / "no-such-checkpoint"
     engine = TorchEngineProcess(config)
-    with pytest.raises(RuntimeError, match=r"exited while loading the model \(exit code 1\)"):
+    reason = f"could not load the model: FileNotFoundError: {config.model.path} is not a checkpoint directory"
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
         await engine.start()
+    assert engine._process.exitcode == 1
+    await engine.stop()
+
+
+async def test_an_engine_process_killed_while_loading_fails_start_with_the_exit_code():
+    """Killed before it could say why (by the kernel's OOM killer, say)."""
+    engine = TorchEngineProcess(engine_config())
+    starting = asyncio.create_task(engine.start())
+    while engine._process is None or engine._process.pid is None:
+        await asyncio.sleep(0.001)
+    os.kill(engine._process.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"exited while loading the model \(exit code -9\)"):
+        await starting
     await engine.stop()
