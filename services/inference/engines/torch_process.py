@@ -235,7 +235,12 @@ def _picklable(event: tuple) -> tuple:
     if event[0] != FAILED:
         return event
     kind, rid, error = event
-    return kind, rid, RuntimeError(f"{type(error).__name__}: {error}")
+    return kind, rid, RuntimeError(_error_text(error))
+
+
+def _error_text(error: BaseException) -> str:
+    """What the front end is told of an error that stays in the engine process."""
+    return f"{type(error).__name__}: {error}"
 
 
 def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
@@ -256,7 +261,7 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
             grammars=model_grammars(config),
         )
     except Exception as error:
-        frames.send(_LoadFailed(f"{type(error).__name__}: {error}"))
+        frames.send(_LoadFailed(_error_text(error)))
         raise
     specs = [(name, t.dtype, tuple(t.shape)) for name, t in core.tensors.items()]
     try:
