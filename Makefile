@@ -10,9 +10,26 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup run test test-slow test-gpu test-vllm-cpu proto lint bench crd chart clean
+.PHONY: setup prometheus-tools run test test-slow test-gpu test-vllm-cpu proto lint bench crd chart clean
 
-setup: $(STAMP)
+setup: $(STAMP) prometheus-tools $(NODE_STAMP)
+
+# promtool and prometheus (Debian's `prometheus`) for the chart's rule tests and the real-Prometheus
+# observability tests, installed only when missing (CI runs as root; elsewhere through sudo).
+prometheus-tools:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+
+# Grafana's dashboard schema (@grafana/schema's types) and the TypeScript compiler that checks the
+# chart's dashboards against it (tests/chart/test_monitoring.py).
+NODE_DIR := $(VENV)/node
+NODE_STAMP := $(NODE_DIR)/.setup-stamp
+$(NODE_STAMP): Makefile
+	mkdir -p $(NODE_DIR)
+	test -f $(NODE_DIR)/package.json || echo '{"private": true}' > $(NODE_DIR)/package.json
+	cd $(NODE_DIR) && npm install --no-audit --no-fund --silent @grafana/schema@13.2.3 typescript@5.9
+	touch $(NODE_STAMP)
 
 # Re-runs only when the dependency declarations change; otherwise `make setup` is instant.
 $(STAMP): pyproject.toml $(CONSTRAINTS)

@@ -18,7 +18,14 @@ from rlrun.common.wire import trace_to_proto
 from rlrun.env_server.algorithms import BranchResult, run_env_algorithms
 from rlrun.env_server.logs import RolloutLog
 from rlrun.env_server.metrics import CANCELLED as CANCELLED_ROLLOUTS
-from rlrun.env_server.metrics import IN_FLIGHT, REQUEST_SECONDS, ROLLOUT_ERRORS, ROLLOUTS
+from rlrun.env_server.metrics import (
+    FAILED_ROLLOUTS,
+    IN_FLIGHT,
+    REQUEST_SECONDS,
+    ROLLOUT_ERRORS,
+    ROLLOUTS,
+    init_env,
+)
 from rlrun.env_server.pool import JobCancelled, WorkerLost, WorkerPool
 from rlrun.env_server.registry import make_env
 from rlrun.env_server.rollout import CANCELLED, RolloutJob, error_traces
@@ -52,6 +59,7 @@ class _RecentIds:
 class EnvHost:
     def __init__(self, entry: EnvConfig, config: RunConfig, log_dir: Path, client_options: ClientOptions):
         self.key = entry.key
+        init_env(self.key)
         self.env = make_env(entry.id, entry.args)
         self.temperature = entry.sampling.apply(config.orchestrator.train.sampling).temperature
         self.vocab_size = load_tokenizer(config.model.tokenizer, config.model.path).vocab_size
@@ -184,6 +192,9 @@ class EnvHost:
             (e.type, e.retryable) for t in rollouts for e in t.errors
         ).items():
             ROLLOUT_ERRORS.labels(self.key, kind, str(retryable).lower()).inc(count)
+        FAILED_ROLLOUTS.labels(self.key).inc(
+            sum(any(e.type != CANCELLED.type for e in t.errors) for t in rollouts)
+        )
         REQUEST_SECONDS.labels(self.key).observe(max(t.timing.total_s for t in traces))
 
     def cancel(self, group_ids: set[str], rollout_ids: set[str]) -> int:

@@ -14,6 +14,12 @@ ROLLOUTS = Counter(
     "Rollouts returned, by env, split and stop condition.",
     ["env", "split", "stop_condition"],
 )
+FAILED_ROLLOUTS = Counter(
+    metric_name(SERVICE, "failed_rollouts", "total"),
+    "Rollouts returned with at least one error (cancelled ones aside), by env; every env's series "
+    "exists from the start (at 0), so error rates and alerts have data on a healthy run.",
+    ["env"],
+)
 ROLLOUT_ERRORS = Counter(
     metric_name(SERVICE, "rollout_errors", "total"),
     "Rollouts returned with an error, by env and error type.",
@@ -34,3 +40,10 @@ CANCELLED = Counter(
     "Rollouts cancelled through Cancel or by the caller.",
     ["env"],
 )
+
+
+def init_env(env: str) -> None:
+    """Creates the env's always-present series at 0 (a labelled counter is otherwise absent
+    until its first increment, and a dashboard or alert on it sees no data)."""
+    FAILED_ROLLOUTS.labels(env)
+    CANCELLED.labels(env)

@@ -32,6 +32,7 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
     import asyncio
 
     from rlrun.common.service import ServiceContext, serve_main
+    from rlrun.orchestrator import metrics, tracking
     from rlrun.orchestrator.run import Run
     from rlrun.orchestrator.status import SERVICE_NAME, OrchestratorServicer, RunStatus
     from rlrun.v1 import orchestrator_pb2_grpc
@@ -40,6 +41,8 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
     exit_on_finish = bool(getattr(args, "exit_on_finish", False))
 
     async def setup(ctx: ServiceContext):
+        metrics.init_run(config)
+        tracking.start(config)
         run = Run(config, status)
 
         def stop(reason: str) -> None:
@@ -61,7 +64,10 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
         ctx.background.append(asyncio.create_task(drive(), name="orchestrator-run"))
         return None
 
-    code = serve_main("orchestrator", config, args, [SERVICE_NAME], setup)
+    try:
+        code = serve_main("orchestrator", config, args, [SERVICE_NAME], setup)
+    finally:
+        tracking.close()
     if exit_on_finish:
         return 0 if status.phase == "succeeded" else 1
     return code

@@ -3,9 +3,14 @@ bounded: `env` takes the configured env keys, `filter` the filter names."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlrun.common.metrics import metric_name
+
+if TYPE_CHECKING:
+    from rlrun.common.config import RunConfig
 
 
 def _name(what: str, unit: str) -> str:
@@ -29,11 +34,19 @@ OFF_POLICY = Histogram(
     "Versions between a trained group's rollouts and the trainer version it trained at.",
     buckets=(0, 1, 2, 3, 4, 6, 8, 16),
 )
+MAX_OFF_POLICY = Gauge(
+    _name("max_off_policy", "steps"),
+    "The run's staleness bound (orchestrator.max_off_policy_steps) that off_policy_steps is held to.",
+)
 GROUPS_DROPPED_STALE = Counter(
     _name("groups_dropped_stale", "total"), "Groups dropped whole as too stale.", ["env"]
 )
 GROUPS_FAILED = Counter(
-    _name("groups_failed", "total"), "Groups dropped after a rollout failure.", ["env", "reason"]
+    _name("groups_failed", "total"),
+    "Groups dropped after a rollout failure, by the last one: a RunGroup status (internal, "
+    "invalid_argument, unknown, unavailable, deadline_exceeded), trace_errors (retryable, out of "
+    "retries), non_retryable_trace_errors or invalid_trace.",
+    ["env", "reason"],
 )
 ROLLOUT_RETRIES = Counter(
     _name("rollout_retries", "total"), "Group retries after a retryable failure.", ["env"]
@@ -63,3 +76,13 @@ EMPTY_BATCHES = Counter(
     _name("empty_batches", "total"), "Batches regenerated because every rollout was filtered."
 )
 SKIPPED_STEPS = Counter(_name("skipped_steps", "total"), "Steps the trainer skipped (non-finite loss).")
+
+
+def init_run(config: RunConfig) -> None:
+    """At start: the staleness bound, and every train env's labelled series at 0 (a labelled
+    counter is otherwise absent until its first increment, and a dashboard or alert on it sees
+    no data on a healthy run)."""
+    MAX_OFF_POLICY.set(config.orchestrator.max_off_policy_steps)
+    for env in config.orchestrator.train.env:
+        for counter in (GROUPS_DROPPED_STALE, ROLLOUT_RETRIES, ROLLOUTS):
+            counter.labels(env=env.key)

@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from rlrun.common.types import Trace
 from rlrun.common.wire import trace_to_proto
+from rlrun.orchestrator import tracking
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -87,6 +88,11 @@ class RunOutputs:
     def append_metrics(self, line: dict[str, Any]) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(_jsonable(line)) + "\n")
+        tracking.log_metrics(line)
+
+    def track_rollouts(self, step: int, traces: list[Trace]) -> None:
+        """An RL step's traces, for the sample table of `[monitor]` (when that step is due)."""
+        tracking.log_rollouts(step, traces)
 
     def write_rows(self, folder: str, name: str, rows: list[dict[str, Any]]) -> Path:
         directory = self.run_dir / folder

@@ -595,6 +595,7 @@ class Run:
             self.state.rl_seconds += step_seconds
             if self.state.train_reward_start is None:
                 self.state.train_reward_start = batch.metrics.get("reward_mean")
+            self.outputs.track_rollouts(number, [t for g in batch.groups for t in g.traces])
             interval = self.orch.save_rollouts_interval
             if interval and number % interval == 0:
                 self.outputs.write_rows(

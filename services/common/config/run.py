@@ -14,6 +14,7 @@ from rlrun.common.config.deprecations import ConfigError, translate_deprecated
 from rlrun.common.config.grpc import GrpcConfig
 from rlrun.common.config.inference import InferenceConfig
 from rlrun.common.config.model import ModelConfig
+from rlrun.common.config.monitor import MonitorConfig
 from rlrun.common.config.orchestrator import OrchestratorConfig
 from rlrun.common.config.trainer import TrainerConfig
 
@@ -44,6 +45,9 @@ class RunConfig(Section):
 
     grpc: GrpcConfig = GrpcConfig()
     """Transport settings shared by all services."""
+
+    monitor: MonitorConfig = MonitorConfig()
+    """Experiment tracking (Weights & Biases, TensorBoard); off by default."""
 
     @model_validator(mode="after")
     def _cross_sections(self) -> RunConfig:
