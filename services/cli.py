@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from rlrun.common.arguments import port
+from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import ConfigError, load_config_with_warnings
 
 SERVICES = {
@@ -71,12 +71,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the whole loop on this machine (all services as local processes)",
         description="Start inference, env-server(s), trainer and orchestrator as local processes "
         "on loopback, run the configured warm start and RL steps, and write logs, metrics, eval "
-        "results, checkpoints and a reward plot to the output folder. The last output line is JSON.",
+        "results, checkpoints and a reward plot to the output folder. A service that dies is "
+        "restarted, and the run goes on from the trainer's newest checkpoint. Ctrl-C stops after "
+        "the current step with a checkpoint; the same command again resumes (--fresh starts "
+        "over). Each service serves Prometheus /metrics; the output folder gets "
+        "prometheus_targets.json (file_sd). The last output line is JSON.",
     )
     _add_config_args(local, positional=True)
     local.add_argument("--output-dir", type=Path, help="output folder (default: outputs/<name>)")
     local.add_argument("--max-steps", type=int, help="RL steps (overrides orchestrator.max_steps)")
     local.add_argument("--no-progress", action="store_true", help="no progress bar (log lines instead)")
+    local.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the output folder's earlier run (checkpoints, metrics, evals, logs) and start "
+        "over; without it a folder with checkpoints is resumed from the newest",
+    )
+    local.add_argument(
+        "--max-restarts",
+        type=non_negative,
+        default=5,
+        metavar="N",
+        help="restarts of each service after it dies (with backoff) before the run gives up; "
+        "0 = none (default: 5)",
+    )
 
     serve = sub.add_parser(
         "serve",
@@ -189,7 +207,12 @@ def _local(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     launcher = _load_module("rlrun.local.launcher", "`rlrun local`")
     return launcher.run_local(
-        config, config_path=args.config, overrides=overrides, progress=not args.no_progress
+        config,
+        config_path=args.config,
+        overrides=overrides,
+        progress=not args.no_progress,
+        fresh=args.fresh,
+        max_restarts=args.max_restarts,
     )
 
 

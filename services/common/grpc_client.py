@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 import grpc.aio
@@ -34,11 +36,16 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "ClientOptions",
+    "UnavailableBackoff",
+    "call_while_unavailable",
     "channel_options",
     "open_channel",
     "retry_service_config",
     "wait_for_health",
 ]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_DEADLINE_S: float = 600.0
 # gRPC caps maxAttempts at 5; 1 means no retry.
@@ -227,3 +234,48 @@ async def wait_for_health(
             delay = min(delay * 2, 0.5)
     label = f"service {service!r} at {address}" if service else address
     raise TimeoutError(f"{label} not SERVING after {timeout_s:g}s (last status: {last})")
+
+
+class UnavailableBackoff:
+    """The waits between tries at a service that is UNAVAILABLE (a process restarting, a pod
+    being rescheduled), for `budget_s` in all: 0.2 s doubling to 5 s. `next_delay()` is None
+    once the budget is spent. The channel's own retries (a few, within seconds) cover a
+    blip; this covers a restart."""
+
+    FIRST_S = 0.2
+    MAX_S = 5.0
+
+    def __init__(self, budget_s: float):
+        self.budget_s = budget_s
+        self._deadline: float | None = None
+        self._delay = self.FIRST_S
+        self.tries = 0
+
+    def next_delay(self) -> float | None:
+        now = asyncio.get_running_loop().time()
+        if self._deadline is None:
+            self._deadline = now + self.budget_s
+        remaining = self._deadline - now
+        if remaining <= 0:
+            return None
+        delay, self._delay = min(self._delay, remaining), min(self._delay * 2, self.MAX_S)
+        self.tries += 1
+        return delay
+
+
+async def call_while_unavailable(call: Callable[[], Awaitable[T]], budget_s: float, what: str) -> T:
+    """`await call()`, tried again while it fails with UNAVAILABLE, for `budget_s` at most;
+    then the last error is raised. `what` names the call in the log ("trainer GetStatus")."""
+    backoff = UnavailableBackoff(budget_s)
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            delay = backoff.next_delay()
+            if delay is None:
+                raise
+            if backoff.tries == 1:
+                log.warning("%s: UNAVAILABLE (%s); retrying for up to %gs", what, error.details(), budget_s)
+            await asyncio.sleep(delay)

@@ -72,6 +72,7 @@ class EnvHost:
                 checkpoint_dir=config.model.path,
                 max_model_len=config.model.max_model_len,
                 client_options=client_options,
+                unavailable_retry_s=config.grpc.unavailable_retry_s,
                 log_dir=log_dir,
                 log_level=config.log_level,
             ),

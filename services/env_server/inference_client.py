@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
 from rlrun.common.types import SamplingParams
 from rlrun.common.wire import sampling_to_proto
 from rlrun.env_server.completion import Completion
@@ -58,18 +59,23 @@ def completions_from_proto(
 
 class InferenceClient:
     """One channel per replica address, opened on first use. Each call goes to the replica
-    with the fewest calls in flight from this client; ties rotate."""
+    with the fewest calls in flight from this client; ties rotate. A call a replica answers
+    UNAVAILABLE (it died, restarts, or waits for the live weights) goes to another one, or to
+    the same once it is back, for `unavailable_retry_s` in all."""
 
-    def __init__(self, options: ClientOptions = ClientOptions()):
+    def __init__(self, options: ClientOptions = ClientOptions(), unavailable_retry_s: float = 120.0):
         self.options = options
+        self.unavailable_retry_s = unavailable_retry_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, inference_pb2_grpc.InferenceServiceStub] = {}
         self.in_flight: dict[str, int] = defaultdict(int)
         self._turn = 0
 
-    def pick(self, addresses: Sequence[str]) -> str:
+    def pick(self, addresses: Sequence[str], avoid: frozenset[str] = frozenset()) -> str:
+        """`avoid`: replicas that just failed, skipped while another one is left."""
         if not addresses:
             raise ValueError("no inference addresses to pick from")
+        addresses = [a for a in addresses if a not in avoid] or list(addresses)
         fewest = min(self.in_flight[a] for a in addresses)
         candidates = [a for a in addresses if self.in_flight[a] == fewest]
         self._turn += 1
@@ -85,18 +91,30 @@ class InferenceClient:
     async def generate(
         self, addresses: Sequence[str], prompt_ids: list[int], sampling: SamplingParams, request_id: str = ""
     ) -> list[Completion]:
-        address = self.pick(addresses)
         request = inference_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling_to_proto(sampling)
         )
-        self.in_flight[address] += 1
-        try:
-            response = await self._stub(address).Generate(request)
-        except grpc.aio.AioRpcError as error:
-            raise ModelCallError.from_rpc(error, address) from None
-        finally:
-            self.in_flight[address] -= 1
-        return completions_from_proto(response, sampling.n, address)
+        backoff = UnavailableBackoff(self.unavailable_retry_s)
+        failed: set[str] = set()
+        while True:
+            address = self.pick(addresses, frozenset(failed))
+            self.in_flight[address] += 1
+            try:
+                response = await self._stub(address).Generate(request)
+                return completions_from_proto(response, sampling.n, address)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise ModelCallError.from_rpc(error, address) from None
+                failed.add(address)
+                if len(failed) < len(set(addresses)):
+                    continue  # another replica right away
+                delay = backoff.next_delay()
+                if delay is None:
+                    raise ModelCallError.from_rpc(error, address) from None
+                failed.clear()
+                await asyncio.sleep(delay)
+            finally:
+                self.in_flight[address] -= 1
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -66,6 +66,8 @@ class WorkerSpec:
     checkpoint_dir: Path | None
     max_model_len: int
     client_options: ClientOptions = field(default_factory=ClientOptions)
+    unavailable_retry_s: float = 120.0
+    """How long a Generate keeps trying replicas that are UNAVAILABLE (grpc.unavailable_retry_s)."""
     log_dir: Path | None = None
     log_level: str = "INFO"
 
@@ -120,7 +122,7 @@ class _Worker:
 async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     tokenizer = load_tokenizer(spec.tokenizer_path, spec.checkpoint_dir)
-    client = InferenceClient(spec.client_options)
+    client = InferenceClient(spec.client_options, spec.unavailable_retry_s)
     worker = _Worker(
         make_env(spec.env_id, spec.env_args), Runtime(tokenizer, client, spec.max_model_len), writer
     )

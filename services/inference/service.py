@@ -1,14 +1,19 @@
 """The inference service assembled: engine, gRPC servicer, optional OpenAI-compatible HTTP
-app, and readiness. Health is SERVING once the model is loaded and, with `require_version`,
-only once weights of at least that version have arrived (a replaced replica waits for the
-trainer's next broadcast before it takes traffic)."""
+app, and readiness. Health is SERVING, and Generate admitted, once the model is loaded and the
+replica holds the live policy version: `--require-version N` names it, and otherwise, when
+`trainer.address` is known, the replica asks the trainer (a restarted replica comes back with
+its initial weights, and the trainer's replica watch pushes it the live ones)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
+import grpc
+
 from rlrun.common.config import RunConfig
+from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
 from rlrun.common.grpc_server import GrpcServer
 from rlrun.common.service import ServiceContext
 from rlrun.common.tokenizer import load_tokenizer
@@ -17,7 +22,7 @@ from rlrun.inference.engines.base import Engine
 from rlrun.inference.http_server import HttpServer
 from rlrun.inference.openai_app import build_openai_app
 from rlrun.inference.servicer import InferenceServicer
-from rlrun.v1 import inference_pb2_grpc
+from rlrun.v1 import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,44 @@ class InferenceService:
         self.engine = engine
         self.on_fatal = on_fatal
         self.http: HttpServer | None = None
+        self.asks_trainer = require_version is None and bool(config.trainer.address)
+
+    def not_ready(self) -> str | None:
+        if self.asks_trainer:
+            return "this replica is waiting for the trainer to tell it the live policy version"
+        if self.require_version is not None and self.engine.policy_version < self.require_version:
+            return (
+                f"this replica holds policy version {self.engine.policy_version} and waits for "
+                f"version {self.require_version} from the trainer"
+            )
+        return None
 
     def ready(self) -> bool:
-        return self.require_version is None or self.engine.policy_version >= self.require_version
+        return self.not_ready() is None
+
+    async def learn_live_version(self) -> None:
+        """Asks the trainer for its policy version until it answers (it may be restarting
+        too), then requires it."""
+        options = ClientOptions.from_config(self.config.grpc)
+        async with open_channel(self.config.trainer.address, options) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            backoff = UnavailableBackoff(float("inf"))
+            while True:
+                try:
+                    reply = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=10.0)
+                    break
+                except grpc.aio.AioRpcError as error:
+                    log.info(
+                        "trainer %s not answering yet: %s", self.config.trainer.address, error.code().name
+                    )
+                    await asyncio.sleep(backoff.next_delay() or UnavailableBackoff.MAX_S)
+        self.require_version, self.asks_trainer = reply.policy_version, False
+        log.info(
+            "the live policy version is %d; this replica holds %d",
+            reply.policy_version,
+            self.engine.policy_version,
+        )
+        self.grpc_server.set_serving(self.ready())
 
     def _on_weights_applied(self, version: int) -> None:
         self.grpc_server.set_serving(self.ready())
@@ -60,7 +100,7 @@ class InferenceService:
             self.engine = create_engine(self.config)
         self.engine.on_dead = self._engine_died
         await self.engine.start()
-        servicer = InferenceServicer(self.engine, self._on_weights_applied)
+        servicer = InferenceServicer(self.engine, self._on_weights_applied, self.not_ready)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if self.http_port is not None:
             tokenizer = load_tokenizer(self.config.model.tokenizer, self.config.model.path)
@@ -69,7 +109,7 @@ class InferenceService:
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)
         if not self.ready():
-            log.info("health stays NOT_SERVING until weights of version >= %d arrive", self.require_version)
+            log.info("health stays NOT_SERVING until then: %s", self.not_ready())
         self.grpc_server.set_serving(self.ready())
 
     async def stop(self) -> None:
@@ -92,4 +132,6 @@ async def setup(ctx: ServiceContext):
         on_fatal=ctx.fail,
     )
     await service.start()
+    if service.asks_trainer:
+        ctx.background.append(asyncio.create_task(service.learn_live_version()))
     return service.stop

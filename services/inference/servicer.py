@@ -13,7 +13,7 @@ from rlrun.common.errors import grpc_errors
 from rlrun.common.model.weights import LayoutCache
 from rlrun.common.wire import sampling_from_proto
 from rlrun.inference import metrics
-from rlrun.inference.engines.base import Completion, Engine, QueueFullError
+from rlrun.inference.engines.base import Completion, Engine, QueueFullError, check_version_order
 from rlrun.inference.validation import check_score, check_token_ids
 from rlrun.inference.weight_stream import StreamBroken, receive_update
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
@@ -40,9 +40,16 @@ def completion_to_proto(completion: Completion) -> inference_pb2.Completion:
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
-    def __init__(self, engine: Engine, on_weights_applied: Callable[[int], None] = lambda version: None):
+    def __init__(
+        self,
+        engine: Engine,
+        on_weights_applied: Callable[[int], None] = lambda version: None,
+        not_ready: Callable[[], str | None] = lambda: None,
+    ):
+        """`not_ready()`: why this replica may not generate yet (None: it may)."""
         self.engine = engine
         self.on_weights_applied = on_weights_applied
+        self.not_ready = not_ready
         # One update at a time: each holds a full copy of the weights while it assembles.
         self._update_lock = asyncio.Lock()
         self._layout_cache: LayoutCache | None = None
@@ -55,6 +62,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     @grpc_errors
     async def Generate(self, request, context):
+        if (reason := self.not_ready()) is not None:
+            # UNAVAILABLE: callers retry elsewhere or later; a rollout from a replica that
+            # restarted with its initial weights would only be dropped as stale.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, reason)
         prompt = list(request.prompt_token_ids)
         check_token_ids(prompt, "prompt_token_ids", self.engine.vocab_size, self.engine.max_model_len - 1)
         params = sampling_from_proto(
@@ -94,6 +105,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 update = await receive_update(
                     request_iterator, self._layouts(), await self.engine.weight_receive_buffer()
                 )
+                if not update.header.rollback:
+                    check_version_order(update.header.version, self.engine.policy_version)
                 if update.tensors is None:
                     apply_seconds = await self.engine.receive_weights_nccl(update.header)
                 else:

@@ -1,7 +1,13 @@
 """`rlrun local CONFIG`: start inference, env-server(s), trainer and orchestrator as separate
 `rlrun serve` processes on port 0, wire their addresses through `--set`, follow the run
-through the orchestrator's status API, and shut everything down on finish, on Ctrl-C and
-when any child dies."""
+through the orchestrator's status API, and shut everything down on finish.
+
+It supervises the services the way Kubernetes does: a service that dies is started again on
+the port it had (with backoff, up to `--max-restarts` times), and the services' own recovery
+(the trainer's checkpoints, the orchestrator's resume, the replicas' re-sync) carries the run
+on. Ctrl-C (or SIGTERM) asks the orchestrator to stop after the current step with a
+checkpoint; a second one stops everything at once. The same command again resumes.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +16,41 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
+
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
 from rlrun.common.service import serve_command
-from rlrun.local.processes import ChildFailed, ProcessGroup, raise_autogroup_priority
+from rlrun.local.processes import (
+    Child,
+    ChildFailed,
+    ProcessGroup,
+    describe_exit,
+    raise_autogroup_priority,
+    with_port,
+)
 from rlrun.local.progress import RunProgress
-from rlrun.local.report import final_summary, write_reward_plot
+from rlrun.local.report import final_summary, read_metrics, write_reward_plot
 from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 TRAINER_AUTOGROUP_NICE = -10
 """The trainer's scheduling-group nice value (lowering it below 0 needs CAP_SYS_NICE)."""
 TERMINAL = {orchestrator_pb2.RUN_PHASE_SUCCEEDED, orchestrator_pb2.RUN_PHASE_FAILED}
+RESTART_BACKOFF_S = 1.0
+"""Wait before a service's first restart; it doubles with each further one (at most 30 s)."""
+TARGETS_FILE = "prometheus_targets.json"
+RUN_MARKER = "resolved_config.json"
+"""Written into every run folder: `--fresh` only deletes a folder that has it."""
+STOP_GRACE_S = 600.0
+"""How long Ctrl-C waits for the current step and its checkpoint before stopping at once."""
 
 
 def _child_env() -> dict[str, str]:
@@ -42,43 +66,97 @@ def _set(key: str, value) -> list[str]:
     return ["--set", f"{key}={json.dumps(value)}"]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _component(name: str) -> str:
+    """`inference-reference` -> inference, `env-server-reverse-text` -> env-server."""
+    return next(c for c in ("env-server", "inference", "trainer", "orchestrator") if name.startswith(c))
+
+
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    steps = [
+        int(path.name.removeprefix("step_"))
+        for path in (run_dir / "checkpoints").glob("step_*")
+        if path.name.removeprefix("step_").isdigit()
+    ]
+    return max(steps, default=None)
+
+
+def resume_message(run_dir: Path) -> str | None:
+    """What resuming `run_dir` continues from, or None when it has no checkpoint."""
+    trainer_step = newest_checkpoint_step(run_dir)
+    if trainer_step is None:
+        return None
+    rl = [
+        r["step"]
+        for r in read_metrics(run_dir)
+        if r.get("phase") == "rl" and r["trainer_step"] <= trainer_step
+    ]
+    at = f"step {max(rl)}" if rl else "the warm start"
+    return f"resuming {run_dir} from {at} (trainer step {trainer_step}; use --fresh to start over)"
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """`--fresh`: deletes an earlier run's folder, and only one (it holds RUN_MARKER)."""
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    if not (run_dir / RUN_MARKER).exists():
+        raise SystemExit(
+            f"rlrun local: --fresh would delete {run_dir}, which holds no {RUN_MARKER}: it does not "
+            "look like an rlrun output folder; choose another --output-dir"
+        )
+    shutil.rmtree(run_dir)
+    print(f"rlrun local: --fresh: deleted the earlier run in {run_dir}", file=sys.stderr)
+
+
 class LocalRun:
-    def __init__(self, config: RunConfig, config_path: Path, overrides: list[str]):
+    def __init__(self, config: RunConfig, config_path: Path, overrides: list[str], max_restarts: int = 5):
         self.config = config
         self.config_path = Path(config_path)
         self.overrides = list(overrides)
+        self.max_restarts = max_restarts
         self.run_dir = config.run_dir
         self.log_dir = self.run_dir / "logs"
         self.group = ProcessGroup(_child_env())
+        self.metrics_ports: dict[str, int] = {}
+        self.trainer_address = ""
+        self.stopping = False
 
-    def _serve_argv(self, service: str, extra_sets: list[str], *extra: str) -> list[str]:
+    def _start(
+        self, name: str, service: str, extra_sets: list[str], *extra: str, own_session: bool = False
+    ) -> Child:
         overrides = [arg for override in self.overrides for arg in ("--set", override)]
-        return serve_command(service, self.config_path, self.log_dir, *overrides, *extra_sets, *extra)
+        port = self.metrics_ports[name] = _free_port()
+        argv = serve_command(
+            service,
+            self.config_path,
+            self.log_dir,
+            *overrides,
+            *extra_sets,
+            *extra,
+            "--metrics-port",
+            str(port),
+        )
+        return self.group.start(name, argv, self.log_dir / f"{name}.log", own_session=own_session)
 
     def start_services(self) -> str:
         """Starts every service in dependency order; returns the orchestrator's address."""
         cfg = self.config
-        policy = self.group.start(
-            "inference", self._serve_argv("inference", []), self.log_dir / "inference.log"
-        )
+        policy = self._start("inference", "inference", [])
         sets = _set("inference.addresses", [policy.address])
         for key, target in cfg.orchestrator.models.items():
             if target.kind == "inference" and not target.addresses:
                 model_sets = _set("model.path", target.checkpoint) if target.checkpoint else []
-                child = self.group.start(
-                    f"inference-{key}",
-                    self._serve_argv("inference", model_sets),
-                    self.log_dir / f"inference-{key}.log",
-                )
+                child = self._start(f"inference-{key}", "inference", model_sets)
                 sets += _set(f"orchestrator.models.{key}.addresses", [child.address])
         for i, env in enumerate(cfg.orchestrator.train.env):
             if env.address:
                 continue
-            child = self.group.start(
-                f"env-server-{env.key}",
-                self._serve_argv("env-server", [], "--env", env.key),
-                self.log_dir / f"env-server-{env.key}.log",
-            )
+            child = self._start(f"env-server-{env.key}", "env-server", [], "--env", env.key)
             sets += _set(f"orchestrator.train.env.{i}.address", child.address)
         # The trainer runs in a session, and so a CPU scheduling group (Linux' autogroups), of
         # its own; the services that generate share the launcher's. The kernel then splits the
@@ -88,32 +166,105 @@ class LocalRun:
         # run-queue wait was a quarter of the step on an idle 2-core machine. Next to other
         # programs the whole stack got one group's share, about one core, leaving nothing
         # to overlap.
-        trainer = self.group.start(
-            "trainer", self._serve_argv("trainer", sets), self.log_dir / "trainer.log", own_session=True
-        )
+        trainer = self._start("trainer", "trainer", sets, own_session=True)
+        self._prioritise(trainer)
+        self.trainer_address = trainer.address
+        sets += _set("trainer.address", trainer.address)
+        orchestrator = self._start("orchestrator", "orchestrator", sets)
+        self._write_targets()
+        return orchestrator.address
+
+    @staticmethod
+    def _prioritise(trainer: Child) -> None:
         # Fair shares still let the generating threads delay training while both want the
         # CPU; with priority to the trainer's group, generation fills the time training
         # leaves (an async step measured 759 -> 673 ms against 641 ms of training alone).
         # Without the privilege (or autogroups) the run goes on at equal shares.
+        assert trainer.process is not None
         raise_autogroup_priority(trainer.process.pid, TRAINER_AUTOGROUP_NICE)
-        sets += _set("trainer.address", trainer.address)
-        orchestrator = self.group.start(
-            "orchestrator", self._serve_argv("orchestrator", sets), self.log_dir / "orchestrator.log"
+
+    def _write_targets(self) -> Path:
+        """A Prometheus file_sd file naming every service's /metrics, printed once."""
+        targets = [
+            {
+                "targets": [f"127.0.0.1:{port}"],
+                "labels": {
+                    "service": name,
+                    "component": _component(name),
+                    "run": self.config.name,
+                    "namespace": "local",
+                },
+            }
+            for name, port in self.metrics_ports.items()
+        ]
+        path = self.run_dir / TARGETS_FILE
+        path.write_text(json.dumps(targets, indent=2))
+        listing = ", ".join(
+            f"{name} http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()
         )
-        return orchestrator.address
+        print(f"rlrun local: metrics: {listing} (Prometheus file_sd: {path})", file=sys.stderr)
+        return path
+
+    def revive(self, child: Child) -> None:
+        """Starts a service that died again, on its port, after a backoff; ChildFailed once it
+        has been restarted `max_restarts` times, or when it does not come back."""
+        assert child.process is not None
+        how = f"{child.name} (pid {child.process.pid}) {describe_exit(child.process.returncode)}"
+        attempt = child.restarts + 1
+        if attempt > self.max_restarts:
+            raise child.failure(f"{how.split(' ', 1)[1]}, and was restarted {child.restarts} times already")
+        delay = min(30.0, RESTART_BACKOFF_S * 2 ** (attempt - 1))
+        print(
+            f"rlrun local: {how}; restarting it ({attempt} of {self.max_restarts}) in {delay:.0f}s; "
+            f"its log: {child.log_file}",
+            file=sys.stderr,
+        )
+        time.sleep(delay)
+        argv = with_port(child.argv, child.address.rsplit(":", 1)[1])
+        if (
+            _component(child.name) == "inference"
+            and self.trainer_address
+            and "trainer.address" not in " ".join(argv)
+        ):
+            # A restarted replica asks the trainer for the live version and stays unready
+            # until it holds it (its first start came before the trainer's).
+            argv += _set("trainer.address", self.trainer_address)
+        self.group.restart(child, argv)
+        if child.name == "trainer":
+            self._prioritise(child)
+        print(f"rlrun local: {child.name} is back (pid {child.process.pid})", file=sys.stderr)
 
     async def follow(self, address: str, progress: RunProgress) -> orchestrator_pb2.GetRunStatusResponse:
+        """Polls the run to its end, restarting services that die on the way."""
         options = ClientOptions.from_config(self.config.grpc)
         await wait_for_health(address, options, timeout_s=120.0)
         async with open_channel(address, options) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             while True:
-                self.group.check_alive()
-                status = await stub.GetStatus(orchestrator_pb2.GetRunStatusRequest(), timeout=10.0)
+                for child in self.group.exited():
+                    await asyncio.to_thread(self.revive, child)
+                    if self.stopping and child.name == "orchestrator":
+                        await stub.Stop(orchestrator_pb2.StopRequest(reason="interrupted"), timeout=30.0)
+                try:
+                    status = await stub.GetStatus(orchestrator_pb2.GetRunStatusRequest(), timeout=10.0)
+                except grpc.aio.AioRpcError:  # the orchestrator is restarting
+                    await asyncio.sleep(0.5)
+                    continue
                 progress.update(status)
                 if status.phase in TERMINAL:
                     return status
                 await asyncio.sleep(0.25)
+
+    async def stop_after_step(
+        self, address: str, progress: RunProgress
+    ) -> orchestrator_pb2.GetRunStatusResponse:
+        """Ctrl-C: the orchestrator ends the current step, saves a checkpoint and stops."""
+        self.stopping = True
+        options = ClientOptions.from_config(self.config.grpc)
+        async with open_channel(address, options) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+            await stub.Stop(orchestrator_pb2.StopRequest(reason="interrupted"), timeout=30.0)
+        return await asyncio.wait_for(self.follow(address, progress), STOP_GRACE_S)
 
 
 def _interrupt(signum, frame):
@@ -134,17 +285,54 @@ def interrupts_raise() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def run_local(config: RunConfig, config_path: Path, overrides: list[str], progress: bool = True) -> int:
+def _stop_gracefully(run: LocalRun, address: str, bar: RunProgress) -> int:
+    """After the first Ctrl-C: 130 once the run stopped with a checkpoint (or was stopped at
+    once by a second Ctrl-C)."""
+    print(
+        "rlrun local: stopping after the current step, with a checkpoint (Ctrl-C again to stop at once)",
+        file=sys.stderr,
+    )
+    try:
+        asyncio.run(run.stop_after_step(address, bar))
+    except KeyboardInterrupt:
+        print("rlrun local: stopping all services now", file=sys.stderr)
+        return 130
+    except (grpc.aio.AioRpcError, TimeoutError, ChildFailed) as error:
+        print(f"rlrun local: could not stop after the step ({error}); stopping all services", file=sys.stderr)
+        return 130
+    step = newest_checkpoint_step(run.run_dir)
+    print(
+        f"rlrun local: stopped; checkpoint {run.run_dir / 'checkpoints' / f'step_{step}'}. "
+        "Run the same command again to resume.",
+        file=sys.stderr,
+    )
+    return 130
+
+
+def run_local(
+    config: RunConfig,
+    config_path: Path,
+    overrides: list[str],
+    progress: bool = True,
+    fresh: bool = False,
+    max_restarts: int = 5,
+) -> int:
     started = time.monotonic()
-    run = LocalRun(config, config_path, overrides)
+    run = LocalRun(config, config_path, overrides, max_restarts)
+    if fresh:
+        clear_run_dir(run.run_dir)
+    resuming = resume_message(run.run_dir)
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / "resolved_config.json").write_text(config.model_dump_json(indent=2))
+    (run.run_dir / RUN_MARKER).write_text(config.model_dump_json(indent=2))
     print(
         f"rlrun local: {config.name} -> {run.run_dir} (command: rlrun local {shlex.quote(str(config_path))})",
         file=sys.stderr,
     )
+    if resuming:
+        print(f"rlrun local: {resuming}", file=sys.stderr)
 
     bar = RunProgress(config, enabled=progress)
+    address = ""
     with interrupts_raise():
         try:
             address = run.start_services()
@@ -155,8 +343,10 @@ def run_local(config: RunConfig, config_path: Path, overrides: list[str], progre
             return 1
         except KeyboardInterrupt:
             bar.close()
-            print("rlrun local: interrupted; stopping all services", file=sys.stderr)
-            return 130
+            if not address:
+                print("rlrun local: interrupted while starting; stopping all services", file=sys.stderr)
+                return 130
+            return _stop_gracefully(run, address, bar)
         finally:
             bar.close()
             run.group.stop()

@@ -1,5 +1,6 @@
-"""Child service processes: start with port 0, read the address from the ready line,
-watch for deaths, and shut everything down so that no process is ever left behind."""
+"""Child service processes: start with port 0, read the address from the ready line, restart
+one that dies on the port it had (as Kubernetes restarts a container: with backoff, up to a
+limit), and shut everything down so that no process is ever left behind."""
 
 from __future__ import annotations
 
@@ -57,15 +58,34 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log written)"
 
 
+def describe_exit(returncode: int) -> str:
+    """`was killed by SIGKILL` or `exited with code 1`."""
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def with_port(argv: list[str], port: str) -> list[str]:
+    """`argv` with the value after `--port` replaced (a restart binds the port it had)."""
+    out = list(argv)
+    out[out.index("--port") + 1] = port
+    return out
+
+
 @dataclass
 class Child:
     name: str
     argv: list[str]
     log_file: Path
     """The service's own log (it writes it); its stderr, tracebacks included, goes to `.stderr`."""
+    own_session: bool = False
     process: subprocess.Popen | None = None
     address: str = ""
     extra_output: list[str] = field(default_factory=list)
+    restarts: int = 0
 
     @property
     def stderr_file(self) -> Path:
@@ -95,22 +115,38 @@ class ProcessGroup:
     ) -> Child:
         """`own_session`: the child runs in a session (and so a CPU scheduling group) of its own
         instead of the launcher's."""
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        child = Child(name=name, argv=argv, log_file=log_file)
+        child = Child(name=name, argv=argv, log_file=log_file, own_session=own_session)
+        self.children.append(child)
+        self._launch(child, ready_timeout_s)
+        return child
+
+    def _launch(self, child: Child, ready_timeout_s: float) -> None:
+        child.log_file.parent.mkdir(parents=True, exist_ok=True)
         with child.stderr_file.open("ab") as stderr:
             child.process = subprocess.Popen(
-                argv,
+                child.argv,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
-                preexec_fn=functools.partial(_child_setup, own_session),
+                preexec_fn=functools.partial(_child_setup, child.own_session),
                 text=True,
                 bufsize=1,
             )
-        self.children.append(child)
         child.address = self._await_ready(child, ready_timeout_s)
-        return child
+
+    def exited(self) -> list[Child]:
+        """The children that have exited, in start order."""
+        return [c for c in self.children if c.process is not None and c.process.poll() is not None]
+
+    def restart(self, child: Child, argv: list[str], ready_timeout_s: float = 180.0) -> None:
+        """Starts `child` again with `argv` (its port pinned to the old one by the caller);
+        raises ChildFailed when it does not come back ready."""
+        assert child.process is not None
+        if child.process.stdout is not None:
+            child.process.stdout.close()
+        child.argv, child.restarts = argv, child.restarts + 1
+        self._launch(child, ready_timeout_s)
 
     def _await_ready(self, child: Child, timeout_s: float) -> str:
         assert child.process is not None and child.process.stdout is not None
@@ -136,12 +172,6 @@ class ProcessGroup:
             raise child.failure(f"printed no ready line within {timeout_s:.0f} s")
         finally:
             selector.close()
-
-    def check_alive(self) -> None:
-        """Raises ChildFailed naming the first child that has exited."""
-        for child in self.children:
-            if child.process is not None and child.process.poll() is not None:
-                raise child.failure(f"exited unexpectedly with code {child.process.returncode}")
 
     def stop(self, grace_s: float = 10.0) -> None:
         running = [c for c in reversed(self.children) if c.process is not None and c.process.poll() is None]

@@ -53,7 +53,7 @@ class Connections:
         self.config = config
         self.options = options
         self.envs = {env.key: EnvClient(env.address or "", options) for env in config.orchestrator.train.env}
-        self.trainer = TrainerClient(config.trainer.address, options)
+        self.trainer = TrainerClient(config.trainer.address, options, config.grpc.unavailable_retry_s)
         self._scorers: dict[str, InferenceScorer] = {}
 
     def scorer(self, key: str, max_concurrency: int) -> InferenceScorer:

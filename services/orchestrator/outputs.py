@@ -9,15 +9,15 @@
   an int, a str a str).
 - `summary.json` at the end, `error.txt` when the run failed.
 
-A fresh run first clears what an older run left there; a resumed run keeps what belongs to the
-steps it resumes after and drops the rest, so the step sequence has no gap and no duplicate.
+Nothing here is deleted to start over (`rlrun local --fresh` clears the folder itself): a run
+resumed at a checkpoint keeps what belongs to the steps up to it and drops the rest, so the
+step sequence has no gap and no duplicate (a step trained again gets a new line).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ SUMMARY = "summary.json"
 ERROR = "error.txt"
 EVAL_DIR = "eval"
 ROLLOUTS_DIR = "rollouts"
+STEP_PHASES = ("warmup", "rl")
+"""The phases whose lines record a trained step (the others record evals)."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -59,12 +61,18 @@ class RunOutputs:
     def metrics_path(self) -> Path:
         return self.run_dir / METRICS
 
-    def start_fresh(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (METRICS, SUMMARY, ERROR):
-            (self.run_dir / name).unlink(missing_ok=True)
-        for name in (EVAL_DIR, ROLLOUTS_DIR):
-            shutil.rmtree(self.run_dir / name, ignore_errors=True)
+    def recorded_trainer_step(self) -> int | None:
+        """The trainer step of the last training step recorded in metrics.jsonl (0 when it
+        has none yet); None when there is no metrics.jsonl (a new run folder, or an
+        orchestrator whose folder did not survive: the trainer's checkpoints decide)."""
+        if not self.metrics_path.exists():
+            return None
+        steps = [
+            row.get("trainer_step", 0)
+            for line in self.metrics_path.read_text().splitlines()
+            if line.strip() and (row := json.loads(line)).get("phase") in STEP_PHASES
+        ]
+        return max(steps, default=0)
 
     def resume_after(self, trainer_step: int, warmup_steps: int, rl_steps: int) -> None:
         """Keeps only what the first `trainer_step` steps wrote (the checkpoint's)."""

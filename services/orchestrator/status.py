@@ -37,6 +37,8 @@ class RunStatus:
     tokens_per_s: float = 0.0
     last_error: str = ""
     groups_dropped_stale: int = 0
+    resumes: int = 0
+    """Times the run went back to the trainer's checkpoint after losing the trainer."""
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -55,6 +57,7 @@ class RunStatus:
             tokens_per_s=self.tokens_per_s,
             last_error=self.last_error,
             groups_dropped_stale=self.groups_dropped_stale,
+            resumes=self.resumes,
             metrics={
                 k: v for k, v in self.metrics.items() if isinstance(v, int | float) and math.isfinite(v)
             },

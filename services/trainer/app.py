@@ -1,5 +1,6 @@
-"""`rlrun serve trainer`: builds the learner on every rank, resumes it if asked, then rank 0
-serves TrainerService while the other ranks follow its commands."""
+"""`rlrun serve trainer`: builds the learner on every rank, resumes it from the newest complete
+checkpoint (unless `--fresh`), then rank 0 serves TrainerService while the other ranks follow
+its commands."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import logging
 import signal
 import socket
+from pathlib import Path
 
 import grpc
 
@@ -17,10 +19,11 @@ from rlrun.common.logs import setup_logging
 from rlrun.common.model import arch_dict
 from rlrun.common.service import ServiceContext, limit_threads, log_dir_for, serve_main
 from rlrun.trainer.broadcast import GrpcWeightBroadcaster, WeightBroadcaster
-from rlrun.trainer.checkpoint import checkpoint_root, load_checkpoint, resolve_resume
+from rlrun.trainer.checkpoint import checkpoint_root, latest_checkpoint, load_checkpoint, start_fresh
 from rlrun.trainer.coordinator import Coordinator, serve_commands
 from rlrun.trainer.distributed import CommandChannel, init_parallelism, shutdown
 from rlrun.trainer.learner import build_learner
+from rlrun.trainer.replica_watch import ReplicaWatch
 from rlrun.trainer.runtime import TrainerRuntime
 from rlrun.trainer.servicer import SERVICE_NAME, TrainerServicer
 from rlrun.v1 import trainer_pb2_grpc
@@ -54,23 +57,6 @@ def make_broadcaster(config: RunConfig, client: ClientOptions) -> WeightBroadcas
     return GrpcWeightBroadcaster(addresses, settings, client)
 
 
-async def push_resumed_weights(runtime: TrainerRuntime, timeout_s: float, retry_s: float = 1.0) -> None:
-    """After a resume, replicas started from the configured init must get the resumed weights.
-    They may still be starting (one started with `--require-version` stays NOT_SERVING until
-    it has them), so the broadcast is repeated until every replica took it or `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        failed = [r.address for r in await runtime.broadcast_current() if not r.ok]
-        if not failed:
-            log.info("resumed weights (version %d) pushed to every replica", runtime.version)
-            return
-        if loop.time() >= deadline:
-            log.error("resumed weights (version %d) did not reach %s", runtime.version, ", ".join(failed))
-            return
-        await asyncio.sleep(retry_s)
-
-
 def create_runtime(
     config: RunConfig,
     coordinator: Coordinator,
@@ -83,7 +69,6 @@ def create_runtime(
     return TrainerRuntime(
         coordinator,
         make_broadcaster(config, client),
-        has_replicas=bool(config.inference.addresses),
         checkpoint_dir=checkpoint_root(config.run_dir),
         checkpoint=config.trainer.checkpoint,
         arch=arch_dict(config.model),
@@ -91,6 +76,18 @@ def create_runtime(
         resume_state=resume_state,
         last_checkpoint=last_checkpoint,
     )
+
+
+def resume_point(config: RunConfig, fresh: bool, remove: bool) -> Path | None:
+    """The checkpoint every rank starts from: the newest complete one under the run's
+    checkpoint folder (every rank sees the same volume), or none (`--fresh`, or nothing
+    saved yet). `remove`: this rank deletes the old checkpoints for `--fresh` (rank 0)."""
+    root = checkpoint_root(config.run_dir)
+    if fresh:
+        if remove and start_fresh(root):
+            log.warning("--fresh: removed the checkpoints under %s", root)
+        return None
+    return latest_checkpoint(root)
 
 
 def add_trainer_service(server: grpc.aio.Server, runtime: TrainerRuntime, config: RunConfig) -> None:
@@ -107,7 +104,7 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
     parallel = init_parallelism(config.trainer)
     try:
         learner = build_learner(config, parallel)
-        resume_from = resolve_resume(checkpoint_root(config.run_dir), getattr(args, "resume", None))
+        resume_from = resume_point(config, args.fresh, remove=parallel.rank == 0)
         resume_state = b""
         if resume_from is not None:
             state, resume_state = load_checkpoint(resume_from)
@@ -132,12 +129,16 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
             runtime = create_runtime(
                 config, coordinator, client, resume_state=resume_state, last_checkpoint=str(resume_from or "")
             )
+            if resume_from is None:
+                # Step 0 saved too: a rollback always has a checkpoint to go back to.
+                await runtime.save()
             add_trainer_service(ctx.server.server, runtime, config)
-            if learner.version > 0 and config.inference.addresses:
-                push = push_resumed_weights(runtime, config.trainer.broadcast.timeout_s)
-                ctx.background.append(asyncio.create_task(push))
+            watch = ReplicaWatch(runtime, client, config.trainer.broadcast.resync_interval_s)
+            ctx.background.append(asyncio.create_task(watch.run()))
 
             async def cleanup() -> None:
+                await runtime.save_unsaved()
+                await watch.close()
                 await runtime.broadcaster.close()
                 if coordinator.channel is not None:
                     await asyncio.to_thread(coordinator.stop)

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,7 +50,21 @@ class WeightBroadcaster(Protocol):
         """Whether `broadcast` wants CPU tensors (gRPC) or tensors left on the GPU (NCCL)."""
         ...
 
-    async def broadcast(self, tensors: dict[str, torch.Tensor], version: int) -> list[ReplicaResult]: ...
+    @property
+    def addresses(self) -> list[str]:
+        """Every replica it can reach, in configured order."""
+        ...
+
+    async def broadcast(
+        self,
+        tensors: dict[str, torch.Tensor],
+        version: int,
+        to: Sequence[str] | None = None,
+        rollback: bool = False,
+    ) -> list[ReplicaResult]:
+        """To the replicas `to` (default: all), one result each. `rollback`: the version may
+        be older than the replicas' (the trainer went back to a checkpoint)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -92,7 +107,7 @@ class GrpcWeightBroadcaster:
         self.channels = {address: open_channel(address, options) for address in addresses}
 
     async def _send(
-        self, address: str, tensors: dict[str, torch.Tensor], version: int, total_bytes: int
+        self, address: str, tensors: dict[str, torch.Tensor], version: int, total_bytes: int, rollback: bool
     ) -> ReplicaResult:
         stub = inference_pb2_grpc.InferenceServiceStub(self.channels[address])
         started = time.perf_counter()
@@ -100,7 +115,7 @@ class GrpcWeightBroadcaster:
 
         async def attempt():
             # Chunks are cut while the stream goes out, as a raw client would, not built up front.
-            messages = iter_update_messages(tensors, version, chunk_bytes)
+            messages = iter_update_messages(tensors, version, chunk_bytes, rollback)
             return await stub.UpdateWeights(messages, timeout=self.config.timeout_s)
 
         response, error = await retry_unavailable(address, attempt, self.config.retries)
@@ -110,12 +125,23 @@ class GrpcWeightBroadcaster:
             return ReplicaResult(address=address, ok=False, error=error, seconds=seconds)
         return ReplicaResult(address=address, ok=True, seconds=seconds, bytes=total_bytes)
 
-    async def broadcast(self, tensors: dict[str, torch.Tensor], version: int) -> list[ReplicaResult]:
-        if not self.channels:
+    @property
+    def addresses(self) -> list[str]:
+        return list(self.channels)
+
+    async def broadcast(
+        self,
+        tensors: dict[str, torch.Tensor],
+        version: int,
+        to: Sequence[str] | None = None,
+        rollback: bool = False,
+    ) -> list[ReplicaResult]:
+        targets = list(self.channels) if to is None else list(to)
+        if not targets:
             return []
         total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return list(
-            await asyncio.gather(*(self._send(a, tensors, version, total_bytes) for a in self.channels))
+            await asyncio.gather(*(self._send(a, tensors, version, total_bytes, rollback) for a in targets))
         )
 
     async def close(self) -> None:

@@ -3,17 +3,22 @@
     model/                 Hugging Face layout (config.json + model.safetensors): servable as is
     trainer_state.pt       optimizer, LR scheduler and RNG states
     extra_state.bin        opaque bytes from SaveCheckpointRequest (the orchestrator's state)
-    meta.json              step, policy version, world size
+    meta.json              step, policy version, world size, and the size and SHA-256 of every
+                           other file (written last)
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash never
-leaves a half-written `step_<N>`; only the newest `keep` are kept. Tensors are full (unsharded)
+leaves a half-written `step_<N>`; only the newest `keep` are kept. A checkpoint whose files do
+not match its meta.json (a disk that lost or mangled bytes, a copy cut short) is never loaded:
+the newest one that verifies is used instead. Tensors are full (unsharded)
 and keyed by Hugging Face names, so any world size can resume any checkpoint. The LR schedule
 resumes as saved (LambdaLR keeps its LRFactor's fields), whatever the config says now.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -26,13 +31,20 @@ from rlrun.trainer.learner import LearnerState
 
 PREFIX = "step_"
 META = "meta.json"
+EXTRA = "extra_state.bin"
+
+log = logging.getLogger(__name__)
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint folder whose files do not match its meta.json."""
 
 
 def checkpoint_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _step_of(path: Path) -> int | None:
+def step_of(path: Path) -> int | None:
     suffix = path.name.removeprefix(PREFIX)
     if path.name.startswith(PREFIX) and suffix.isdigit() and (path / META).exists():
         return int(suffix)
@@ -43,26 +55,72 @@ def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     if not root.exists():
         return []
-    found = [(step, path) for path in root.iterdir() if (step := _step_of(path)) is not None]
+    found = [(step, path) for path in root.iterdir() if (step := step_of(path)) is not None]
     return [path for _, path in sorted(found)]
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            sha.update(block)
+    return sha.hexdigest()
 
 
-def resolve_resume(root: Path, spec: str | None) -> Path | None:
-    """`--resume`: None (fresh start), `latest` (the newest under root, or a fresh start when
-    there is none yet), or a checkpoint folder, which must exist."""
-    if spec is None:
-        return None
-    if spec == "latest":
-        return latest_checkpoint(root)
-    path = Path(spec)
-    if not (path / META).exists():
-        raise FileNotFoundError(f"--resume {spec}: {path} is not a checkpoint (no {META})")
-    return path
+def _file_manifest(folder: Path) -> dict[str, dict[str, int | str]]:
+    return {
+        str(path.relative_to(folder)): {"bytes": path.stat().st_size, "sha256": _digest(path)}
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != META
+    }
+
+
+def verify_checkpoint(path: Path) -> dict:
+    """The checkpoint's meta.json once every file it lists has its size and digest; raises
+    CorruptCheckpoint naming the first file that does not."""
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpoint(f"{path / META}: {error}") from None
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        raise CorruptCheckpoint(f"{path / META} lists no files (written by an older rlrun?)")
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CorruptCheckpoint(f"{file} is missing")
+        if file.stat().st_size != expected["bytes"]:
+            raise CorruptCheckpoint(
+                f"{file} has {file.stat().st_size} bytes, meta.json says {expected['bytes']}"
+            )
+        if _digest(file) != expected["sha256"]:
+            raise CorruptCheckpoint(f"{file} does not match its SHA-256 in meta.json")
+    return meta
+
+
+def latest_checkpoint(root: Path, max_step: int | None = None) -> Path | None:
+    """The newest checkpoint (at or before `max_step`) that verifies; a corrupt one is
+    skipped with a warning naming what is wrong, and the one before it is used."""
+    for path in reversed(list_checkpoints(root)):
+        step = step_of(path)
+        if max_step is not None and step is not None and step > max_step:
+            continue
+        try:
+            verify_checkpoint(path)
+        except CorruptCheckpoint as error:
+            log.warning("skipping checkpoint %s: %s", path, error)
+            continue
+        return path
+    return None
+
+
+def discard_after(root: Path, step: int) -> list[Path]:
+    """Deletes the checkpoints of steps after `step` (a rollback's abandoned future: those
+    steps are trained again, and an old folder must never stand for a new step)."""
+    gone = [path for path in list_checkpoints(root) if (step_of(path) or 0) > step]
+    for path in gone:
+        shutil.rmtree(path)
+    return gone
 
 
 def save_checkpoint(
@@ -78,10 +136,14 @@ def save_checkpoint(
         {"optimizer": state.optimizer, "scheduler": state.scheduler, "rng": state.rng},
         tmp / "trainer_state.pt",
     )
-    (tmp / "extra_state.bin").write_bytes(extra_state)
-    (tmp / META).write_text(
-        json.dumps({"step": state.step, "version": state.version, "world_size": world_size})
-    )
+    (tmp / EXTRA).write_bytes(extra_state)
+    meta = {
+        "step": state.step,
+        "version": state.version,
+        "world_size": world_size,
+        "files": _file_manifest(tmp),
+    }
+    (tmp / META).write_text(json.dumps(meta, indent=1))
     if final.exists():  # a second save at the same step (e.g. interval, then on request)
         stale = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
         os.replace(final, stale)
@@ -94,8 +156,20 @@ def save_checkpoint(
     return final
 
 
+def read_extra_state(path: Path) -> bytes:
+    return (path / EXTRA).read_bytes()
+
+
+def start_fresh(root: Path) -> bool:
+    """`--fresh`: removes every checkpoint under root; True when there were any."""
+    found = root.exists() and any(root.iterdir())
+    shutil.rmtree(root, ignore_errors=True)
+    return found
+
+
 def load_checkpoint(path: Path) -> tuple[LearnerState, bytes]:
-    meta = json.loads((path / META).read_text())
+    """Raises CorruptCheckpoint when the folder does not verify."""
+    meta = verify_checkpoint(path)
     # Our own file: it holds Python and numpy RNG states, which weights_only cannot load.
     trainer_state = torch.load(path / "trainer_state.pt", weights_only=False)
     state = LearnerState(
@@ -106,4 +180,4 @@ def load_checkpoint(path: Path) -> tuple[LearnerState, bytes]:
         scheduler=trainer_state["scheduler"],
         rng=trainer_state["rng"],
     )
-    return state, (path / "extra_state.bin").read_bytes()
+    return state, read_extra_state(path)

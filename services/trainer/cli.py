@@ -9,18 +9,18 @@ from rlrun.common.config import RunConfig
 DESCRIPTION = (
     "The trainer: the learner. It builds the model (on every rank under torchrun), trains on "
     "the batches the orchestrator sends (TrainerService), broadcasts new weights to the "
-    "inference services, and saves checkpoints (--resume continues from one)."
+    "inference services, and saves checkpoints. It resumes from the newest complete checkpoint "
+    "under <output_dir>/checkpoints when there is one (--fresh starts over)."
 )
 """What `rlrun serve ... --help` says the service does."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--resume",
-        default=None,
-        metavar="PATH|latest",
-        help="resume from a checkpoint folder, or `latest` under <output_dir>/checkpoints "
-        "(a fresh start when there is none yet)",
+        "--fresh",
+        action="store_true",
+        help="delete the checkpoints under <output_dir>/checkpoints and start from the configured "
+        "model instead of resuming from the newest one",
     )
 
 

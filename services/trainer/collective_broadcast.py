@@ -31,6 +31,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -89,8 +90,11 @@ def join_weight_group(
     raise ValueError(f"unknown weight-broadcast backend {backend!r}")
 
 
-def header_for(tensors: dict[str, torch.Tensor], version: int) -> weights_pb2.WeightUpdateHeader:
+def header_for(
+    tensors: dict[str, torch.Tensor], version: int, rollback: bool = False
+) -> weights_pb2.WeightUpdateHeader:
     return weights_pb2.WeightUpdateHeader(
+        rollback=rollback,
         version=version,
         tensors=[
             weights_pb2.TensorSpec(name=n, dtype=TORCH_TO_PB[t.dtype], shape=list(t.shape))
@@ -186,19 +190,30 @@ class CollectiveWeightBroadcaster:
         except Exception as error:  # reported per replica, never raised: the others go on
             return f"{type(error).__name__}: {error}", time.perf_counter() - started
 
-    async def broadcast(self, tensors: dict[str, torch.Tensor], version: int) -> list[ReplicaResult]:
-        if not self.channels:
+    @property
+    def addresses(self) -> list[str]:
+        return list(self.channels)
+
+    async def broadcast(
+        self,
+        tensors: dict[str, torch.Tensor],
+        version: int,
+        to: Sequence[str] | None = None,
+        rollback: bool = False,
+    ) -> list[ReplicaResult]:
+        """`to`: a subset (a replica re-synced after a restart) forms a group of its own for
+        this update; the next full update forms the full group again."""
+        targets = list(self.channels) if to is None else list(to)
+        if not targets:
             return []
-        probes = dict(
-            zip(self.channels, await asyncio.gather(*(self._probe(a) for a in self.channels)), strict=True)
-        )
+        probes = dict(zip(targets, await asyncio.gather(*(self._probe(a) for a in targets)), strict=True))
         results = {
             a: ReplicaResult(address=a, ok=False, error=f"not reachable: {e}") for a, e in probes.items() if e
         }
         live = tuple(a for a, e in probes.items() if not e)
         if live:
             group = self._group_for(live)
-            base = header_for(tensors, version)
+            base = header_for(tensors, version, rollback)
             handshakes = []
             for index, address in enumerate(live):
                 header = weights_pb2.WeightUpdateHeader()
@@ -230,7 +245,7 @@ class CollectiveWeightBroadcaster:
                 )
             if any(not results[a].ok for a in live):
                 self.group = None
-        return [results[a] for a in self.channels]
+        return [results[a] for a in targets]
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self.channels.values()))

@@ -9,10 +9,12 @@ run the same call. On a single process the coordinator simply calls the learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from rlrun.common.types import TrainingBatch
+from rlrun.trainer.checkpoint import load_checkpoint
 from rlrun.trainer.distributed import CommandChannel
 from rlrun.trainer.learner import Learner, LearnerState, StepResult
 
@@ -33,11 +35,18 @@ class CaptureState:
 
 
 @dataclass(frozen=True)
+class RestoreState:
+    checkpoint: str
+    """Every rank reads the folder itself (it is on the volume all ranks share): the state
+    never travels over the command channel."""
+
+
+@dataclass(frozen=True)
 class Stop:
     pass
 
 
-Command = Train | GatherWeights | CaptureState | Stop
+Command = Train | GatherWeights | CaptureState | RestoreState | Stop
 
 
 def execute(learner: Learner, command: Command):
@@ -48,6 +57,9 @@ def execute(learner: Learner, command: Command):
             return learner.full_weights(on_cpu)
         case CaptureState():
             return learner.capture_state()
+        case RestoreState(checkpoint):
+            state, _ = load_checkpoint(Path(checkpoint))
+            return learner.restore_state(state)
         case Stop():
             return None
     raise TypeError(f"unknown trainer command {command!r}")
@@ -73,6 +85,9 @@ class Coordinator:
 
     def capture_state(self) -> LearnerState:
         return self._run(CaptureState())
+
+    def restore(self, checkpoint: Path) -> None:
+        self._run(RestoreState(str(checkpoint)))
 
     def stop(self) -> None:
         self._run(Stop())

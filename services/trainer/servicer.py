@@ -1,7 +1,8 @@
 """TrainerService over gRPC: proto in, validation, `TrainerRuntime`, proto out.
 
 A malformed batch gets INVALID_ARGUMENT naming the field, a batch for the wrong step gets
-FAILED_PRECONDITION naming expected and got; neither reaches training.
+FAILED_PRECONDITION naming expected and got; neither reaches training. A rollback with no
+checkpoint to go back to gets FAILED_PRECONDITION naming max_step.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from rlrun.common.errors import RequestError, grpc_errors
 from rlrun.common.types import TrainingBatch
 from rlrun.common.wire import batch_from_proto
 from rlrun.trainer.packing import count_channel_tokens
-from rlrun.trainer.runtime import StepMismatch, TrainerRuntime
+from rlrun.trainer.runtime import NoCheckpoint, StepMismatch, TrainerRuntime
 from rlrun.v1 import trainer_pb2, trainer_pb2_grpc
 
 SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
@@ -47,7 +48,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         batch = batch_from_proto(request.batch, "batch", vocab_size=self.vocab_size)
         check_trainable(batch, self.micro_batch_tokens)
         try:
-            outcome = await self.runtime.submit(batch)
+            outcome = await self.runtime.submit(batch, request.orchestrator_state)
         except StepMismatch as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         result = outcome.result
@@ -76,5 +77,25 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def SaveCheckpoint(
         self, request: trainer_pb2.SaveCheckpointRequest, context
     ) -> trainer_pb2.SaveCheckpointResponse:
-        path, step = await self.runtime.save(request.extra_state)
+        try:
+            path, step = await self.runtime.save(
+                request.extra_state, request.step if request.HasField("step") else None
+            )
+        except StepMismatch as error:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, str(error).replace("batch.step", "step", 1)
+            )
         return trainer_pb2.SaveCheckpointResponse(path=str(path), step=step)
+
+    @grpc_errors
+    async def Rollback(self, request: trainer_pb2.RollbackRequest, context) -> trainer_pb2.RollbackResponse:
+        try:
+            outcome = await self.runtime.rollback(request.max_step if request.max_step >= 0 else None)
+        except NoCheckpoint as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"max_step: {error}")
+        return trainer_pb2.RollbackResponse(
+            step=outcome.step,
+            policy_version=outcome.version,
+            checkpoint=outcome.checkpoint,
+            resume_state=outcome.resume_state,
+        )

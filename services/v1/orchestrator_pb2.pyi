@@ -29,7 +29,7 @@ class GetRunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRunStatusResponse(_message.Message):
-    __slots__ = ("phase", "step", "max_steps", "policy_version", "train_reward", "eval_reward", "off_policy_lag", "tokens_per_s", "last_error", "groups_dropped_stale", "metrics")
+    __slots__ = ("phase", "step", "max_steps", "policy_version", "train_reward", "eval_reward", "off_policy_lag", "tokens_per_s", "last_error", "groups_dropped_stale", "metrics", "resumes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class GetRunStatusResponse(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     GROUPS_DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     max_steps: int
@@ -59,7 +60,8 @@ class GetRunStatusResponse(_message.Message):
     last_error: str
     groups_dropped_stale: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., max_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., train_reward: _Optional[float] = ..., eval_reward: _Optional[float] = ..., off_policy_lag: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., last_error: _Optional[str] = ..., groups_dropped_stale: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    resumes: int
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., max_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., train_reward: _Optional[float] = ..., eval_reward: _Optional[float] = ..., off_policy_lag: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., last_error: _Optional[str] = ..., groups_dropped_stale: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., resumes: _Optional[int] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("reason",)

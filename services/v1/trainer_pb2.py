@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlrun.v1 import training_pb2 as rlrun_dot_v1_dot_training__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/trainer.proto\x12\x08rlrun.v1\x1a\x17rlrun/v1/training.proto\"<\n\x12SubmitBatchRequest\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x17.rlrun.v1.TrainingBatch\"]\n\x0f\x42roadcastResult\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"\xfd\x01\n\x13SubmitBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x12\x13\n\x0bskip_reason\x18\x04 \x01(\t\x12;\n\x07metrics\x18\x05 \x03(\x0b\x32*.rlrun.v1.SubmitBatchResponse.MetricsEntry\x12-\n\nbroadcasts\x18\x06 \x03(\x0b\x32\x19.rlrun.v1.BroadcastResult\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17GetTrainerStatusRequest\"\x82\x02\n\x18GetTrainerStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x17\n\x0flast_checkpoint\x18\x04 \x01(\t\x12I\n\x0clast_metrics\x18\x05 \x03(\x0b\x32\x33.rlrun.v1.GetTrainerStatusResponse.LastMetricsEntry\x12\x14\n\x0cresume_state\x18\x06 \x01(\x0c\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\",\n\x15SaveCheckpointRequest\x12\x13\n\x0b\x65xtra_state\x18\x01 \x01(\x0c\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x32\x85\x02\n\x0eTrainerService\x12J\n\x0bSubmitBatch\x12\x1c.rlrun.v1.SubmitBatchRequest\x1a\x1d.rlrun.v1.SubmitBatchResponse\x12R\n\tGetStatus\x12!.rlrun.v1.GetTrainerStatusRequest\x1a\".rlrun.v1.GetTrainerStatusResponse\x12S\n\x0eSaveCheckpoint\x12\x1f.rlrun.v1.SaveCheckpointRequest\x1a .rlrun.v1.SaveCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/trainer.proto\x12\x08rlrun.v1\x1a\x17rlrun/v1/training.proto\"X\n\x12SubmitBatchRequest\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x17.rlrun.v1.TrainingBatch\x12\x1a\n\x12orchestrator_state\x18\x02 \x01(\x0c\"]\n\x0f\x42roadcastResult\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"\xfd\x01\n\x13SubmitBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x12\x13\n\x0bskip_reason\x18\x04 \x01(\t\x12;\n\x07metrics\x18\x05 \x03(\x0b\x32*.rlrun.v1.SubmitBatchResponse.MetricsEntry\x12-\n\nbroadcasts\x18\x06 \x03(\x0b\x32\x19.rlrun.v1.BroadcastResult\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17GetTrainerStatusRequest\"\x82\x02\n\x18GetTrainerStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x17\n\x0flast_checkpoint\x18\x04 \x01(\t\x12I\n\x0clast_metrics\x18\x05 \x03(\x0b\x32\x33.rlrun.v1.GetTrainerStatusResponse.LastMetricsEntry\x12\x14\n\x0cresume_state\x18\x06 \x01(\x0c\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"H\n\x15SaveCheckpointRequest\x12\x13\n\x0b\x65xtra_state\x18\x01 \x01(\x0c\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_step\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"#\n\x0fRollbackRequest\x12\x10\n\x08max_step\x18\x01 \x01(\x03\"b\n\x10RollbackResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x12\n\ncheckpoint\x18\x03 \x01(\t\x12\x14\n\x0cresume_state\x18\x04 \x01(\x0c\x32\xc8\x02\n\x0eTrainerService\x12J\n\x0bSubmitBatch\x12\x1c.rlrun.v1.SubmitBatchRequest\x1a\x1d.rlrun.v1.SubmitBatchResponse\x12R\n\tGetStatus\x12!.rlrun.v1.GetTrainerStatusRequest\x1a\".rlrun.v1.GetTrainerStatusResponse\x12S\n\x0eSaveCheckpoint\x12\x1f.rlrun.v1.SaveCheckpointRequest\x1a .rlrun.v1.SaveCheckpointResponse\x12\x41\n\x08Rollback\x12\x19.rlrun.v1.RollbackRequest\x1a\x1a.rlrun.v1.RollbackResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,23 +37,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._loaded_options = None
   _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITBATCHREQUEST']._serialized_start=61
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=121
-  _globals['_BROADCASTRESULT']._serialized_start=123
-  _globals['_BROADCASTRESULT']._serialized_end=216
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=219
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=472
-  _globals['_SUBMITBATCHRESPONSE_METRICSENTRY']._serialized_start=426
-  _globals['_SUBMITBATCHRESPONSE_METRICSENTRY']._serialized_end=472
-  _globals['_GETTRAINERSTATUSREQUEST']._serialized_start=474
-  _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=499
-  _globals['_GETTRAINERSTATUSRESPONSE']._serialized_start=502
-  _globals['_GETTRAINERSTATUSRESPONSE']._serialized_end=760
-  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=710
-  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=760
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=762
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=806
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=808
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=860
-  _globals['_TRAINERSERVICE']._serialized_start=863
-  _globals['_TRAINERSERVICE']._serialized_end=1124
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=149
+  _globals['_BROADCASTRESULT']._serialized_start=151
+  _globals['_BROADCASTRESULT']._serialized_end=244
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=247
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=500
+  _globals['_SUBMITBATCHRESPONSE_METRICSENTRY']._serialized_start=454
+  _globals['_SUBMITBATCHRESPONSE_METRICSENTRY']._serialized_end=500
+  _globals['_GETTRAINERSTATUSREQUEST']._serialized_start=502
+  _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=527
+  _globals['_GETTRAINERSTATUSRESPONSE']._serialized_start=530
+  _globals['_GETTRAINERSTATUSRESPONSE']._serialized_end=788
+  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=738
+  _globals['_GETTRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=788
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=790
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=862
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=864
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=916
+  _globals['_ROLLBACKREQUEST']._serialized_start=918
+  _globals['_ROLLBACKREQUEST']._serialized_end=953
+  _globals['_ROLLBACKRESPONSE']._serialized_start=955
+  _globals['_ROLLBACKRESPONSE']._serialized_end=1053
+  _globals['_TRAINERSERVICE']._serialized_start=1056
+  _globals['_TRAINERSERVICE']._serialized_end=1384
 # @@protoc_insertion_point(module_scope)

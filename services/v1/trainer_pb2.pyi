@@ -8,10 +8,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitBatchRequest(_message.Message):
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "orchestrator_state")
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    ORCHESTRATOR_STATE_FIELD_NUMBER: _ClassVar[int]
     batch: _training_pb2.TrainingBatch
-    def __init__(self, batch: _Optional[_Union[_training_pb2.TrainingBatch, _Mapping]] = ...) -> None: ...
+    orchestrator_state: bytes
+    def __init__(self, batch: _Optional[_Union[_training_pb2.TrainingBatch, _Mapping]] = ..., orchestrator_state: _Optional[bytes] = ...) -> None: ...
 
 class BroadcastResult(_message.Message):
     __slots__ = ("address", "ok", "error", "seconds", "bytes")
@@ -78,10 +80,12 @@ class GetTrainerStatusResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., world_size: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., resume_state: _Optional[bytes] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("extra_state",)
+    __slots__ = ("extra_state", "step")
     EXTRA_STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     extra_state: bytes
-    def __init__(self, extra_state: _Optional[bytes] = ...) -> None: ...
+    step: int
+    def __init__(self, extra_state: _Optional[bytes] = ..., step: _Optional[int] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("path", "step")
@@ -90,3 +94,21 @@ class SaveCheckpointResponse(_message.Message):
     path: str
     step: int
     def __init__(self, path: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class RollbackRequest(_message.Message):
+    __slots__ = ("max_step",)
+    MAX_STEP_FIELD_NUMBER: _ClassVar[int]
+    max_step: int
+    def __init__(self, max_step: _Optional[int] = ...) -> None: ...
+
+class RollbackResponse(_message.Message):
+    __slots__ = ("step", "policy_version", "checkpoint", "resume_state")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STATE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    policy_version: int
+    checkpoint: str
+    resume_state: bytes
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., checkpoint: _Optional[str] = ..., resume_state: _Optional[bytes] = ...) -> None: ...

@@ -49,6 +49,11 @@ class TrainerServiceStub:
                 request_serializer=rlrun_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=rlrun_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.Rollback = channel.unary_unary(
+                '/rlrun.v1.TrainerService/Rollback',
+                request_serializer=rlrun_dot_v1_dot_trainer__pb2.RollbackRequest.SerializeToString,
+                response_deserializer=rlrun_dot_v1_dot_trainer__pb2.RollbackResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -72,6 +77,17 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rollback(self, request, context):
+        """Moves the trainer back to its newest complete checkpoint at or before `max_step` (a new
+        orchestrator whose own records end before the trainer's step, or one that lost its
+        trainer mid-step, resumes from a checkpoint that holds both sides' state). Checkpoints
+        after it are deleted: they belong to steps that will be trained again. The restored
+        weights are pushed to every inference replica before the call returns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +105,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=rlrun_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=rlrun_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'Rollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollback,
+                    request_deserializer=rlrun_dot_v1_dot_trainer__pb2.RollbackRequest.FromString,
+                    response_serializer=rlrun_dot_v1_dot_trainer__pb2.RollbackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +193,33 @@ class TrainerService:
             '/rlrun.v1.TrainerService/SaveCheckpoint',
             rlrun_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
             rlrun_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlrun.v1.TrainerService/Rollback',
+            rlrun_dot_v1_dot_trainer__pb2.RollbackRequest.SerializeToString,
+            rlrun_dot_v1_dot_trainer__pb2.RollbackResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/weights.proto\x12\x08rlrun.v1\"I\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0f.rlrun.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"b\n\x0eNcclRendezvous\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\ngroup_name\x18\x05 \x01(\t\"\xc9\x01\n\x12WeightUpdateHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12%\n\x07tensors\x18\x02 \x03(\x0b\x32\x14.rlrun.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12,\n\ttransport\x18\x05 \x01(\x0e\x32\x19.rlrun.v1.WeightTransport\x12&\n\x04nccl\x18\x06 \x01(\x0b\x32\x18.rlrun.v1.NcclRendezvous\";\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"x\n\x13WeightUpdateMessage\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rlrun.v1.WeightUpdateHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.rlrun.v1.WeightChunkH\x00\x42\t\n\x07payload*\x94\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x04\x12\x10\n\x0c\x44_TYPE_INT64\x10\x05\x12\x10\n\x0c\x44_TYPE_INT32\x10\x06*i\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_GRPC\x10\x01\x12\x19\n\x15WEIGHT_TRANSPORT_NCCL\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/weights.proto\x12\x08rlrun.v1\"I\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0f.rlrun.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"b\n\x0eNcclRendezvous\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\ngroup_name\x18\x05 \x01(\t\"\xdb\x01\n\x12WeightUpdateHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12%\n\x07tensors\x18\x02 \x03(\x0b\x32\x14.rlrun.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12,\n\ttransport\x18\x05 \x01(\x0e\x32\x19.rlrun.v1.WeightTransport\x12&\n\x04nccl\x18\x06 \x01(\x0b\x32\x18.rlrun.v1.NcclRendezvous\x12\x10\n\x08rollback\x18\x07 \x01(\x08\";\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"x\n\x13WeightUpdateMessage\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rlrun.v1.WeightUpdateHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.rlrun.v1.WeightChunkH\x00\x42\t\n\x07payload*\x94\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x04\x12\x10\n\x0c\x44_TYPE_INT64\x10\x05\x12\x10\n\x0c\x44_TYPE_INT32\x10\x06*i\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_GRPC\x10\x01\x12\x19\n\x15WEIGHT_TRANSPORT_NCCL\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlrun.v1.weights_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=599
-  _globals['_DTYPE']._serialized_end=747
-  _globals['_WEIGHTTRANSPORT']._serialized_start=749
-  _globals['_WEIGHTTRANSPORT']._serialized_end=854
+  _globals['_DTYPE']._serialized_start=617
+  _globals['_DTYPE']._serialized_end=765
+  _globals['_WEIGHTTRANSPORT']._serialized_start=767
+  _globals['_WEIGHTTRANSPORT']._serialized_end=872
   _globals['_TENSORSPEC']._serialized_start=36
   _globals['_TENSORSPEC']._serialized_end=109
   _globals['_NCCLRENDEZVOUS']._serialized_start=111
   _globals['_NCCLRENDEZVOUS']._serialized_end=209
   _globals['_WEIGHTUPDATEHEADER']._serialized_start=212
-  _globals['_WEIGHTUPDATEHEADER']._serialized_end=413
-  _globals['_WEIGHTCHUNK']._serialized_start=415
-  _globals['_WEIGHTCHUNK']._serialized_end=474
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=476
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=596
+  _globals['_WEIGHTUPDATEHEADER']._serialized_end=431
+  _globals['_WEIGHTCHUNK']._serialized_start=433
+  _globals['_WEIGHTCHUNK']._serialized_end=492
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=494
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=614
 # @@protoc_insertion_point(module_scope)

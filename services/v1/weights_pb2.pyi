@@ -58,20 +58,22 @@ class NcclRendezvous(_message.Message):
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., group_name: _Optional[str] = ...) -> None: ...
 
 class WeightUpdateHeader(_message.Message):
-    __slots__ = ("version", "tensors", "total_bytes", "checksum", "transport", "nccl")
+    __slots__ = ("version", "tensors", "total_bytes", "checksum", "transport", "nccl", "rollback")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     NCCL_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     checksum: int
     transport: WeightTransport
     nccl: NcclRendezvous
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., nccl: _Optional[_Union[NcclRendezvous, _Mapping]] = ...) -> None: ...
+    rollback: bool
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., nccl: _Optional[_Union[NcclRendezvous, _Mapping]] = ..., rollback: _Optional[bool] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "index", "data")

@@ -45,6 +45,11 @@ class GrpcConfig(Section):
     retries: int = Field(4, ge=1, le=5)
     """Attempts per call on UNAVAILABLE (the channel's retry policy). Default: 4."""
 
+    unavailable_retry_s: float = Field(120.0, gt=0)
+    """How long a caller keeps retrying a service that is UNAVAILABLE (restarting, or its pod
+    being rescheduled) before it gives up: the orchestrator's calls to the trainer, an
+    env-server's Generate calls to inference. Longer than a pod reschedule. Default: 120."""
+
     shutdown_grace_s: float = Field(5.0, ge=0)
     """On SIGTERM, health goes NOT_SERVING and calls get this long to finish. Default: 5."""
 

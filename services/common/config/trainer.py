@@ -41,9 +41,15 @@ class ScheduleConfig(Section):
 
 
 class CheckpointConfig(Section):
-    interval: int = Field(0, ge=0)
-    """Also save every this many steps, with empty extra_state (0 = only when SaveCheckpoint is
-    called, e.g. by the orchestrator at the end of the run). Default: 0."""
+    interval: int = Field(10, ge=0)
+    """Save every this many steps (0 = no step interval). The orchestrator's state sent with
+    the step's batch is saved with it, so any checkpoint resumes the whole run. The state is
+    copied while training waits; the files are written while it goes on. A run also saves
+    one at step 0, on SIGTERM/SIGINT and at its end. Default: 10."""
+
+    interval_s: float = Field(600.0, ge=0)
+    """Also save after a step once this many seconds passed since the last save (0 = no time
+    interval): the work a crash can cost stays bounded when steps are slow. Default: 600."""
 
     keep: int = Field(2, ge=1)
     """Keep the newest this many checkpoints. Default: 2."""
@@ -61,6 +67,12 @@ class BroadcastConfig(Section):
 
     timeout_s: float = Field(120.0, gt=0)
     """Deadline of one replica's update (and of the NCCL collective). Default: 120."""
+
+    resync_interval_s: float = Field(2.0, gt=0)
+    """How often the trainer asks every replica for its policy version. A replica behind it
+    (restarted, or back after it failed a broadcast) gets the current weights right away,
+    not at the next step; one that failed a broadcast is left out of the broadcasts until it
+    answers again. Default: 2."""
 
     nccl_host: str = ""
     """Host the replicas reach the trainer's NCCL rendezvous store at (transport = nccl); empty

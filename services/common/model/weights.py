@@ -44,7 +44,7 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def build_header(
-    tensors: dict[str, torch.Tensor], version: int
+    tensors: dict[str, torch.Tensor], version: int, rollback: bool = False
 ) -> tuple[weights_pb2.WeightUpdateHeader, list[memoryview]]:
     buffers = [_as_bytes(t) for t in tensors.values()]
     digest = xxhash.xxh3_64()
@@ -59,6 +59,7 @@ def build_header(
         total_bytes=sum(len(b) for b in buffers),
         checksum=digest.intdigest(),
         transport=weights_pb2.WEIGHT_TRANSPORT_GRPC,
+        rollback=rollback,
     )
     return header, buffers
 
@@ -83,10 +84,10 @@ def _cut(buffers: list[memoryview], chunk_bytes: int) -> Iterator[bytes]:
 
 
 def iter_update_messages(
-    tensors: dict[str, torch.Tensor], version: int, chunk_bytes: int = MAX_CHUNK_BYTES
+    tensors: dict[str, torch.Tensor], version: int, chunk_bytes: int = MAX_CHUNK_BYTES, rollback: bool = False
 ) -> Iterator[weights_pb2.WeightUpdateMessage]:
     """Header first, then chunks of at most `chunk_bytes` (capped at 4 MiB)."""
-    header, buffers = build_header(tensors, version)
+    header, buffers = build_header(tensors, version, rollback)
     yield weights_pb2.WeightUpdateMessage(header=header)
     for index, data in enumerate(_cut(buffers, min(chunk_bytes, MAX_CHUNK_BYTES))):
         yield weights_pb2.WeightUpdateMessage(

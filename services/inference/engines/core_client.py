@@ -34,7 +34,6 @@ from rlrun.inference.engines.base import (
     EngineStatus,
     ScoreResult,
     StreamDelta,
-    check_version_order,
 )
 from rlrun.inference.engines.torch_core import (
     DELTAS,
@@ -210,9 +209,8 @@ class CoreClient(Engine):
         return self._version
 
     def _set_version(self, version: int) -> None:
-        if version >= self._version:
-            self._version = version
-            metrics.POLICY_VERSION.set(version)
+        self._version = version
+        metrics.POLICY_VERSION.set(version)
 
     async def generate(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
@@ -253,7 +251,6 @@ class CoreClient(Engine):
     async def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         if not (isinstance(tensors, ReceivedTensors) and tensors.layout.expected is self.weight_specs()):
             check_update(tensors, self.weight_specs())
-        check_version_order(version, self._version)
         started = time.perf_counter()
         await self._apply(tensors, version)
         return time.perf_counter() - started

@@ -38,7 +38,6 @@ from rlrun.inference.engines.base import (
     ScoreResult,
     StreamDelta,
     TopLogprobs,
-    check_version_order,
 )
 from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
@@ -270,9 +269,8 @@ class TorchEngineCore:
         return [self._grammars.sample_grammar(params.json_schema) for _ in range(params.n)]
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
-        """Copies an update (checked by `CoreClient.update_weights`) into the parameters;
-        an older version changes nothing."""
-        check_version_order(version, self.version)
+        """Copies an update (checked by `CoreClient.update_weights`, its version by the
+        servicer) into the parameters."""
         started = time.perf_counter()
         with torch.no_grad():
             names = list(tensors)

@@ -54,7 +54,6 @@ from rlrun.inference.engines.base import (
     ScoreResult,
     StreamDelta,
     TopLogprobs,
-    check_version_order,
 )
 from rlrun.inference.structured import COMPACT_JSON
 from rlrun.inference.throughput import ThroughputMeter
@@ -407,7 +406,6 @@ class VllmEngine(Engine):
         return self._specs
 
     async def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
-        check_version_order(version, self._version)
         started = time.perf_counter()
         payload = await asyncio.to_thread(tensor_payload, tensors)
         await self._llm.collective_rpc("rlrun_load_weights", args=(payload,))
@@ -415,7 +413,6 @@ class VllmEngine(Engine):
         return self._applied(version, started)
 
     async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
-        check_version_order(header.version, self._version)
         specs = nccl_tensor_specs(header, self._specs)
         rendezvous = header.nccl
         group = (

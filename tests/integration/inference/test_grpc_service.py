@@ -20,8 +20,8 @@ def generate(prompt, sampling=GREEDY) -> inference_pb2.GenerateRequest:
     return inference_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling)
 
 
-def update(tensors, version, chunk_bytes=16 * 1024):
-    return list(iter_update_messages(tensors, version, chunk_bytes))
+def update(tensors, version, chunk_bytes=16 * 1024, rollback=False):
+    return list(iter_update_messages(tensors, version, chunk_bytes, rollback))
 
 
 async def greedy_tokens(stub) -> list[int]:
@@ -175,6 +175,17 @@ async def test_an_older_version_is_refused(service):
         await service.stub.UpdateWeights(update(tensors, 4))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("header.version")
+
+
+async def test_a_rollback_takes_an_older_version_and_its_weights(service):
+    initial = await greedy_tokens(service.stub)
+    await service.stub.UpdateWeights(update(other_weights(service.service.config, seed=9), 5))
+    assert await greedy_tokens(service.stub) != initial
+    back = other_weights(service.service.config, seed=service.service.config.model.seed)
+    await service.stub.UpdateWeights(update(back, 2, rollback=True))
+    status = await service.stub.GetStatus(inference_pb2.GetInferenceStatusRequest())
+    assert status.policy_version == 2
+    assert await greedy_tokens(service.stub) == initial
 
 
 async def wait_for_status(stub, predicate):

@@ -1,0 +1,61 @@
+"""Keeps every inference replica on the trainer's policy version between steps.
+
+A replica that restarts comes back with its initial weights (version 0) and stays NOT_SERVING
+until it holds the live version; one that missed a broadcast holds an older one. Waiting for
+the next step would leave it idle (or generating stale rollouts) for a whole step, and a run
+stopped for any reason would never fix it. So the trainer asks every replica for its version
+every `trainer.broadcast.resync_interval_s` and pushes the current weights to those behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import grpc
+
+from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.trainer.runtime import TrainerRuntime
+from rlrun.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger("rlrun.trainer.replica_watch")
+
+
+class ReplicaWatch:
+    def __init__(self, runtime: TrainerRuntime, client: ClientOptions, interval_s: float):
+        self.runtime = runtime
+        self.interval_s = interval_s
+        # One attempt per probe: a replica that is down is simply asked again next round.
+        options = dataclasses.replace(client, retries=1, deadline_s=max(1.0, interval_s))
+        self.channels = {address: open_channel(address, options) for address in runtime.broadcaster.addresses}
+        self.stubs = {a: inference_pb2_grpc.InferenceServiceStub(c) for a, c in self.channels.items()}
+
+    async def _version(self, address: str) -> int | None:
+        """The replica's policy version, or None when it does not answer."""
+        try:
+            reply = await self.stubs[address].GetStatus(inference_pb2.GetInferenceStatusRequest())
+        except grpc.aio.AioRpcError:
+            return None
+        return reply.policy_version
+
+    async def lagging(self) -> list[str]:
+        """Replicas that answer but are behind the trainer (or were left out of a broadcast)."""
+        live = self.runtime.version
+        versions = await asyncio.gather(*(self._version(a) for a in self.stubs))
+        return [
+            address
+            for address, version in zip(self.stubs, versions, strict=True)
+            if version is not None and (version < live or address in self.runtime.left_out)
+        ]
+
+    async def run(self) -> None:
+        while True:
+            lagging = await self.lagging()
+            if lagging and not self.runtime.lock.locked():  # a step's broadcast is on its way anyway
+                log.info("replicas behind version %d: %s", self.runtime.version, ", ".join(lagging))
+                await self.runtime.resync(lagging)
+            await asyncio.sleep(self.interval_s)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(channel.close() for channel in self.channels.values()))
