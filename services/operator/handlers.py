@@ -1,7 +1,8 @@
 """kopf handlers for RLRun, kept thin: every decision lives in `reconcile` and `status`.
 
 - create / update / resume: apply the desired objects (create what is missing, merge-patch what
-  changed, delete what is no longer wanted) and write the status;
+  changed, delete what is no longer wanted), read the restarts of the run's pods and write the
+  status;
 - a timer: the same, plus one `OrchestratorService.GetStatus` call, so drift is repaired and
   phase, step, policy version and reward stay current; it also enforces
   `ttlSecondsAfterFinished`;
@@ -27,14 +28,16 @@ from typing import Any
 import kopf
 
 from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
-from rlrun.operator.reconcile import Defaults, desired_state
+from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
 from rlrun.operator.status import (
     TERMINAL,
     Observation,
     OrchestratorReport,
+    PodRestarts,
     build_status,
     is_finished,
+    pod_restarts,
     status_patch,
     transition_events,
     ttl_expired,
@@ -155,6 +158,18 @@ def _client_options(runtime: _Runtime, namespace: str, spec: Any) -> Any:
     return client_options(runtime.options.status_timeout_s, tls, token, key, runtime.options.workdir)
 
 
+def _pods(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> list[PodRestarts] | None:
+    """The restarts of the run's pods; None when they cannot be listed (the status then keeps
+    the previous counts rather than failing the whole sync)."""
+    meta = run["metadata"]
+    try:
+        pods = runtime.kube.list("v1", "Pod", meta["namespace"], {RUN_LABEL: meta["name"]})
+    except KubeError as error:
+        logger.warning("cannot list the run's pods: %s", error)
+        return None
+    return [state for state in map(pod_restarts, pods) if state is not None]
+
+
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
     kube = runtime.kube
     meta = run["metadata"]
@@ -202,6 +217,7 @@ async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.
     else:
         logger.warning("invalid RLRun: %s", state.error)
 
+    pods = await asyncio.to_thread(_pods, runtime, run, logger)
     now = options.clock()
     observation = Observation(
         generation=int(meta.get("generation") or 0),
@@ -212,6 +228,7 @@ async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.
         polled=polled,
         report=report,
         poll_error=poll_error,
+        pods=pods,
     )
     new = build_status(previous, observation)
     for kind, reason, message in transition_events(previous, new):

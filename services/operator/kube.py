@@ -27,8 +27,10 @@ PLURALS = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Secret"): "secrets",
     ("v1", "Event"): "events",
+    ("v1", "Pod"): "pods",
     ("apps/v1", "Deployment"): "deployments",
     ("apps/v1", "StatefulSet"): "statefulsets",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("rlrun.dev/v1alpha1", "RLRun"): "rlruns",
 }
 

@@ -16,6 +16,9 @@ REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "persistentvolumeclaims", ("get", "list", "create", "patch", "delete")),
     ("apps", "statefulsets", ("get", "list", "create", "patch", "delete")),
     ("apps", "deployments", ("get", "list", "create", "patch", "delete")),
+    ("policy", "poddisruptionbudgets", ("get", "list", "create", "patch", "delete")),
+    # Read only: the status counts the restarts of the run's pods (one list per sync).
+    ("", "pods", ("list",)),
     # Kubernetes Events on phase and condition transitions.
     ("", "events", ("create",)),
 ]

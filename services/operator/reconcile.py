@@ -14,7 +14,15 @@ Nothing here talks to the API server, so every decision is unit-testable:
 - the trainer StatefulSet: `rlrun serve trainer` on one node, `torchrun` beyond (c10d
   rendezvous on pod 0, so that torch's rank order, sorted by `--local-addr`, puts rank 0 -
   the pod that serves gRPC - on pod 0);
-- the checkpoint PVC.
+- the checkpoint PVC, where the trainer's `<output_dir>/checkpoints` lands: `rlrun serve
+  trainer` resumes from the newest complete checkpoint there by default, so a restarted or
+  rescheduled trainer pod goes on where it stopped (the orchestrator's state travels inside
+  the trainer's checkpoint, so the orchestrator resumes without a volume of its own);
+- PodDisruptionBudgets for the workloads that run several interchangeable pods.
+
+Each pod template carries the hash of the parts of the run file its component reads
+(`CONFIG_READS`), so a change elsewhere (scaling inference rewrites `inference.addresses`)
+does not restart it.
 
 Every object carries the owner reference to the RLRun and `app.kubernetes.io/*` labels. With
 `suspend: true`, or once the run has finished, the workloads are left out (their pods go away),
@@ -23,9 +31,11 @@ while the PVC, ConfigMap and Services stay.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +93,44 @@ OWNED_KINDS = (
     ("v1", "Service"),
     ("v1", "PersistentVolumeClaim"),
     *WORKLOAD_KINDS,
+    ("policy/v1", "PodDisruptionBudget"),
 )
+
+ConfigPath = tuple[str, ...]
+_SHARED_READS: tuple[ConfigPath, ...] = (("name",), ("output_dir",), ("log_level",), ("model",), ("grpc",))
+CONFIG_READS: dict[str, tuple[ConfigPath, ...]] = {
+    INFERENCE: (*_SHARED_READS, ("inference",), ("trainer", "address")),
+    MODEL_SERVER: (*_SHARED_READS, ("inference",), ("trainer", "address")),
+    ENV_SERVER: (*_SHARED_READS, ("orchestrator", "train"), ("orchestrator", "rollout_timeout_s")),
+    ORCHESTRATOR: (*_SHARED_READS, ("orchestrator",), ("monitor",), ("trainer", "address")),
+    TRAINER: (
+        *_SHARED_READS,
+        ("trainer",),
+        ("inference", "vllm"),
+        ("orchestrator", "max_steps"),
+        ("orchestrator", "warm_start"),
+    ),
+}
+"""The tables and keys of the run file each component reads (the services' code is the truth;
+tests/operator/test_reconcile.py checks this against it). A pod template carries the hash of
+just these, so that a change elsewhere in the file does not restart its pods."""
+
+LIVE_CONFIG_KEYS: tuple[ConfigPath, ...] = (("inference", "addresses"),)
+"""Keys no pod template hashes: the per-pod addresses of the inference replicas change with
+`spec.inference.replicas`, and scaling inference must not restart the trainer (which re-reads
+them from the mounted file at run time) or the orchestrator (which reads them when it starts).
+The inference replicas themselves do not read them."""
+
+RANK_READINESS = """\
+import os, socket, sys
+if os.environ["POD_NAME"].rsplit("-", 1)[-1] == "0":
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), 4).close()
+"""
+"""Readiness of a multi-node trainer pod (`python -c RANK_READINESS PORT`). One template serves
+every pod, but only rank 0 (pod 0) serves gRPC; the other pods must turn ready all the same, or
+a StatefulSet rolling update, which waits for each updated pod, would never get past the first.
+So pods other than 0 pass while their container runs, and pod 0 passes once the trainer accepts
+connections on its gRPC port (it listens only after building and resuming the learner)."""
 
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
@@ -150,6 +197,25 @@ def content_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+def config_part(raw: dict[str, Any], component: str) -> dict[str, Any]:
+    """What `component` reads of the run file `raw`: {"table.key": value} for each of its
+    `CONFIG_READS` present in the file, without the `LIVE_CONFIG_KEYS`."""
+    raw = copy.deepcopy(raw)
+    for *tables, key in LIVE_CONFIG_KEYS:
+        node = raw
+        for table in tables:
+            node = node.get(table, {})
+        node.pop(key, None)
+    part: dict[str, Any] = {}
+    for path in CONFIG_READS[component]:
+        node = raw
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            part[".".join(path)] = node
+    return part
+
+
 class _Builder:
     def __init__(self, run: dict[str, Any], spec: RLRunSpec, rendered: RenderedConfig, defaults: Defaults):
         meta = run["metadata"]
@@ -166,7 +232,7 @@ class _Builder:
             "controller": True,
             "blockOwnerDeletion": True,
         }
-        self.config_hash = content_hash(rendered.toml)
+        self.raw_config = tomllib.loads(rendered.toml)
         self.tls = spec.secrets.tls is not None
 
     # --- metadata ---------------------------------------------------------------------------
@@ -293,6 +359,9 @@ class _Builder:
     ) -> dict[str, Any]:
         spec = self.spec
         mount_path = spec.storage.mount_path if spec.storage else "/data"
+        # The run file is a directory mount (never subPath), so kubelet swaps in a changed
+        # ConfigMap in place: a running trainer sees new `inference.addresses` without a
+        # restart (see LIVE_CONFIG_KEYS).
         volumes: list[dict[str, Any]] = [
             {
                 "name": "config",
@@ -374,8 +443,9 @@ class _Builder:
             pod_spec["priorityClassName"] = spec.priority_class_name
         if spec.images.pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
+        config_hash = content_hash(config_part(self.raw_config, component))
         return {
-            "metadata": {"labels": dict(labels), "annotations": {CONFIG_HASH_ANNOTATION: self.config_hash}},
+            "metadata": {"labels": dict(labels), "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
             "spec": pod_spec,
         }
 
@@ -495,6 +565,33 @@ class _Builder:
             },
         }
 
+    def disruption_budget(
+        self, name: str, replicas: int, selector: dict[str, str], labels: dict[str, str]
+    ) -> dict[str, Any] | None:
+        """A PodDisruptionBudget for a workload of interchangeable pods: a node drain or a
+        consolidation takes them one at a time, and the run goes on with the others.
+
+        None for a single pod (the orchestrator, each fixed model server, a one-replica pool):
+        the only budget that would protect it (maxUnavailable 0) blocks every drain of its
+        node forever, and one that admits the eviction protects nothing; the run survives
+        the eviction by resuming. None for the trainer too: its pods are one torchrun job, and
+        losing any one of them restarts all of them from the checkpoint, so a budget that lets
+        them go one at a time protects nothing."""
+        if replicas < 2:
+            return None
+        return {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": self.metadata(name, labels),
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": dict(selector)},
+                # A pod that is not ready (crash-looping, still loading) may always go: it
+                # serves nothing, and counting it would stall drains behind a broken pod.
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        }
+
     def inference(self, state: DesiredState, with_workloads: bool) -> None:
         spec = self.spec.inference
         name = inference_name(self.cluster)
@@ -525,6 +622,9 @@ class _Builder:
         )
         state.objects.append(self.stateful_set(name, spec.replicas, selector, labels, template))
         state.workloads.append(Workload(INFERENCE, "StatefulSet", name, spec.replicas, spec.replicas))
+        budget = self.disruption_budget(name, spec.replicas, selector, self.labels(INFERENCE))
+        if budget is not None:
+            state.objects.append(budget)
 
     def http_ports(self) -> list[dict[str, Any]]:
         port = self.spec.inference.http_port
@@ -589,6 +689,9 @@ class _Builder:
                 self.deployment(name, plan.replicas, selector, labels, template, recreate=False)
             )
             state.workloads.append(Workload(ENV_SERVER, "Deployment", name, plan.replicas, plan.replicas))
+            budget = self.disruption_budget(name, plan.replicas, selector, self.labels(ENV_SERVER, extra))
+            if budget is not None:
+                state.objects.append(budget)
 
     def orchestrator(self, state: DesiredState, with_workloads: bool) -> None:
         name = orchestrator_name(self.cluster)
@@ -665,13 +768,23 @@ class _Builder:
         )
         if not with_workloads:
             return
+        # `rlrun serve trainer` resumes from the newest complete checkpoint under
+        # <output_dir>/checkpoints on the claim by default: no --resume, and never --fresh.
         command, args = self.trainer_command()
-        # Only rank 0 (pod 0) serves gRPC; probes on other pods of a multi-node trainer would
-        # restart them, so those get a readiness probe only (it marks rank 0's pod ready).
         if spec.nodes == 1:
             probes = self.model_probes()
         else:
-            probes = {"readiness": self.probe("readiness", 10, 3)}
+            # Only rank 0 (pod 0) serves gRPC, so no liveness or startup probe (they would
+            # restart the other pods), and a readiness probe that each pod answers for itself.
+            probes = {
+                "readiness": {
+                    "exec": {"command": ["python", "-c", RANK_READINESS, str(GRPC_PORT)]},
+                    "periodSeconds": 10,
+                    "failureThreshold": 3,
+                    "timeoutSeconds": 5,
+                    "successThreshold": 1,
+                }
+            }
         labels = self.labels(TRAINER, workload=True)
         template = self.pod_template(
             TRAINER,
@@ -689,7 +802,8 @@ class _Builder:
             grace_s=120,
         )
         state.objects.append(self.stateful_set(name, spec.nodes, selector, labels, template))
-        state.workloads.append(Workload(TRAINER, "StatefulSet", name, spec.nodes, 1))
+        # Every pod: pods other than 0 turn ready at once, pod 0 once it serves.
+        state.workloads.append(Workload(TRAINER, "StatefulSet", name, spec.nodes, spec.nodes))
 
 
 def _check_name(run: dict[str, Any]) -> None:

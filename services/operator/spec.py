@@ -32,6 +32,7 @@ CONDITION_TYPES = (
     "TrainerReady",
     "Progressing",
     "Degraded",
+    "Restarted",
 )
 
 MAX_RUN_NAME = 40
@@ -127,7 +128,10 @@ class InferenceSpec(_Model):
     """Inference replicas serving the live policy (a StatefulSet behind a headless Service)."""
 
     replicas: int = Field(1, ge=1, le=256)
-    """Replicas; each is one address in `inference.addresses`. Default: 1."""
+    """Replicas; each is one address in `inference.addresses`. Scaling restarts no pod: the
+    trainer re-reads the addresses from the run file (the orchestrator reads them when it
+    starts). With 2 or more, a PodDisruptionBudget
+    lets node drains take them one at a time. Default: 1."""
 
     engine: Literal["torch", "vllm"] | None = None
     """Overrides `inference.engine` of the run config. Default: the config's engine."""
@@ -193,7 +197,8 @@ class EnvServerSpec(_Model):
     """Image of this env-server. Default: images.envServer."""
 
     replicas: int | None = Field(None, ge=1, le=256)
-    """Pods of this env-server. Default: 1."""
+    """Pods of this env-server. With 2 or more, a PodDisruptionBudget lets node drains take
+    them one at a time. Default: 1."""
 
     pool: PoolSpec | None = None
     resources: Resources = Resources()
@@ -314,7 +319,9 @@ class RLRunSpec(_Model):
     """Placement of every component (merged with each component's own)."""
 
     storage: StorageSpec | None = None
-    """Checkpoint storage. Default: an emptyDir (checkpoints are lost with the pod)."""
+    """Checkpoint storage; the trainer resumes from its newest checkpoint here after a restart.
+    Default: an emptyDir (a restarted container still resumes, but checkpoints are lost with
+    the pod, so a rescheduled trainer starts over)."""
 
     suspend: bool = False
     """true deletes the run's pods and keeps its PVC, ConfigMap and Services."""
@@ -378,6 +385,12 @@ class RLRunStatus(_Model):
     completion_time: str | None = None
     last_progress_time: str | None = None
     """When the step last advanced."""
+
+    restarts: dict[str, int] | None = None
+    """Container restarts per component (inference, model-server, env-server, orchestrator,
+    trainer), summed over its current pods as `kubectl get pods` counts them: a pod replaced by
+    a new one (evicted, rescheduled) counts from 0 again. The Restarted condition says which pod
+    restarted last and why; every restart also posts an Event."""
 
     conditions: list[Condition] = []
 

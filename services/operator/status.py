@@ -1,12 +1,12 @@
 """Pure status mapping: what the operator observed -> `RLRun.status`.
 
-Inputs are the previous status, the readiness of the run's workloads and (when polled) the
-orchestrator's `GetStatus` answer. Output is the whole new status: `phase` (Pending, Running,
-Succeeded, Failed, Suspended), the conditions ConfigValid, InferenceReady, EnvServersReady,
-TrainerReady, Progressing and Degraded, `observedGeneration`, step, policy version, rewards and
-`lastError`. A run becomes finished (`completionTime` set) only when the orchestrator reports
-it succeeded or failed; that is sticky, and it is what frees the GPUs and starts
-`ttlSecondsAfterFinished`.
+Inputs are the previous status, the readiness of the run's workloads, the container restarts
+of its pods and (when polled) the orchestrator's `GetStatus` answer. Output is the whole new
+status: `phase` (Pending, Running, Succeeded, Failed, Suspended), the conditions ConfigValid,
+InferenceReady, EnvServersReady, TrainerReady, Progressing, Degraded and Restarted,
+`observedGeneration`, step, policy version, rewards, `lastError` and `restarts` per component.
+A run becomes finished (`completionTime` set) only when the orchestrator reports it succeeded
+or failed; that is sticky, and it is what frees the GPUs and starts `ttlSecondsAfterFinished`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.operator.reconcile import ENV_SERVER, INFERENCE, TRAINER, Workload
+from rlrun.operator.reconcile import (
+    ENV_SERVER,
+    INFERENCE,
+    MODEL_SERVER,
+    ORCHESTRATOR,
+    TRAINER,
+    Workload,
+)
 
 TERMINAL = ("Succeeded", "Failed")
 STALL_AFTER = dt.timedelta(minutes=15)
@@ -104,6 +111,74 @@ def workload_state(workload: Workload, live: dict[str, Any] | None) -> WorkloadS
     return WorkloadState(workload.component, workload.name, ready, workload.replicas, workload.min_ready)
 
 
+@dataclass(frozen=True)
+class PodRestarts:
+    """The container restarts of one of the run's pods, and why its latest one stopped."""
+
+    component: str
+    pod: str
+    restarts: int
+    reason: str = ""
+    """`lastState.terminated.reason` (OOMKilled, Error, ...) of its latest terminated container."""
+    exit_code: int | None = None
+    finished_at: str = ""
+
+
+_COMPONENT_ORDER = (INFERENCE, MODEL_SERVER, ENV_SERVER, ORCHESTRATOR, TRAINER)
+_RESUMES = {
+    TRAINER: "The trainer resumes from its newest complete checkpoint.",
+    ORCHESTRATOR: "The orchestrator resumes from the state saved with the trainer's checkpoint.",
+}
+
+
+def pod_restarts(pod: dict[str, Any]) -> PodRestarts | None:
+    """Restarts of one live Pod (None for a pod that is none of the run's components)."""
+    meta = pod.get("metadata") or {}
+    component = (meta.get("labels") or {}).get("app.kubernetes.io/component")
+    if component not in _COMPONENT_ORDER:
+        return None
+    restarts = 0
+    last: dict[str, Any] = {}
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        restarts += int(container.get("restartCount") or 0)
+        terminated = (container.get("lastState") or {}).get("terminated") or {}
+        if terminated and str(terminated.get("finishedAt") or "") >= str(last.get("finishedAt") or ""):
+            last = terminated
+    return PodRestarts(
+        component,
+        str(meta.get("name") or ""),
+        restarts,
+        str(last.get("reason") or ""),
+        last.get("exitCode"),
+        str(last.get("finishedAt") or ""),
+    )
+
+
+def _restarts(pods: list[PodRestarts]) -> tuple[dict[str, int] | None, str]:
+    """(restarts per component, None without pods; what restarted and why, "" if nothing)."""
+    counts: dict[str, int] = {}
+    for pod in sorted(pods, key=lambda p: _COMPONENT_ORDER.index(p.component)):
+        counts[pod.component] = counts.get(pod.component, 0) + pod.restarts
+    parts, resumes = [], []
+    for component in [c for c, n in counts.items() if n]:
+        latest = max(
+            (p for p in pods if p.component == component and p.restarts),
+            key=lambda p: p.finished_at,
+        )
+        why = latest.reason or "unknown reason"
+        if latest.exit_code is not None:
+            why += f", exit code {latest.exit_code}"
+        when = f" at {latest.finished_at}" if latest.finished_at else ""
+        count = counts[component]
+        parts.append(
+            f"{component}: {count} restart{'s' if count > 1 else ''} (last {latest.pod}: {why}{when})"
+        )
+        if component in _RESUMES:
+            resumes.append(_RESUMES[component])
+    message = " ".join(["; ".join(parts) + "." if parts else "", *resumes]).strip()
+    return (counts or None), message
+
+
 @dataclass
 class Observation:
     generation: int
@@ -116,6 +191,8 @@ class Observation:
     """Whether the orchestrator was asked this time (False: keep its previous answer)."""
     report: OrchestratorReport | None = None
     poll_error: str | None = None
+    pods: list[PodRestarts] | None = None
+    """The run's pods (None: not observed this time, so the previous restarts are kept)."""
 
 
 def is_finished(status: dict[str, Any] | None) -> bool:
@@ -275,6 +352,23 @@ def build_status(previous: dict[str, Any] | None, obs: Observation) -> dict[str,
     else:
         degraded = (False, "Healthy", "")
     conditions.append(_condition(before, "Degraded", *degraded, obs))
+
+    if obs.pods is not None:
+        status["restarts"], restarted = _restarts(obs.pods)
+        conditions.append(
+            _condition(
+                before,
+                "Restarted",
+                bool(restarted),
+                "ContainersRestarted" if restarted else "NoRestarts",
+                restarted or "no container of the run has restarted",
+                obs,
+            )
+        )
+    else:
+        status["restarts"] = previous.get("restarts")
+        if "Restarted" in before:
+            conditions.append(before["Restarted"])
     status["conditions"] = conditions
 
     if obs.error is not None:
@@ -296,10 +390,22 @@ def compact(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def status_patch(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch from `previous` to `new`: changed keys, and None for removed ones."""
+    """A merge patch from `previous` to `new`: changed keys, and None for removed ones (also
+    inside a map such as `restarts`, which a merge patch merges key by key)."""
     previous = previous or {}
-    patch = {k: v for k, v in new.items() if v is not None and previous.get(k) != v}
-    patch.update({k: None for k, v in new.items() if v is None and previous.get(k) is not None})
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = previous.get(key)
+        if value is None:
+            if before is not None:
+                patch[key] = None
+        elif isinstance(value, dict) and isinstance(before, dict):
+            removed = {k: None for k in before if k not in value}
+            changed = status_patch(before, value) | removed
+            if changed:
+                patch[key] = changed
+        elif before != value:
+            patch[key] = value
     return patch
 
 
@@ -318,6 +424,8 @@ def transition_events(previous: dict[str, Any] | None, new: dict[str, Any]) -> l
         )
     before = {c["type"]: c for c in previous.get("conditions") or []}
     for condition in new.get("conditions") or []:
+        if condition["type"] == "Restarted":
+            continue  # an event for every restart, below
         old = before.get(condition["type"])
         if old is not None and old.get("status") == condition["status"]:
             continue
@@ -335,4 +443,9 @@ def transition_events(previous: dict[str, Any] | None, new: dict[str, Any]) -> l
                 f"{condition['type']}={condition['status']}: {condition['message']}".rstrip(": "),
             )
         )
+    counts_before = previous.get("restarts") or {}
+    counts = new.get("restarts") or {}
+    if any(count > int(counts_before.get(component) or 0) for component, count in counts.items()):
+        restarted = next(c for c in new["conditions"] if c["type"] == "Restarted")
+        events.append(("Warning", "Restarted", restarted["message"]))
     return events

@@ -71,6 +71,16 @@ _RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
         subresources={"status"},
     ),
     ("", "v1", "secrets"): dict(kind="Secret", singular="secret", namespaced=True),
+    ("", "v1", "pods"): dict(
+        kind="Pod", singular="pod", namespaced=True, shortnames={"po"}, subresources={"status"}
+    ),
+    ("policy", "v1", "poddisruptionbudgets"): dict(
+        kind="PodDisruptionBudget",
+        singular="poddisruptionbudget",
+        namespaced=True,
+        shortnames={"pdb"},
+        subresources={"status"},
+    ),
     ("", "v1", "events"): dict(kind="Event", singular="event", namespaced=True, shortnames={"ev"}),
     ("", "v1", "namespaces"): dict(
         kind="Namespace", singular="namespace", namespaced=False, shortnames={"ns"}

@@ -93,7 +93,9 @@ def test_crd_shape():
         "TrainerReady",
         "Progressing",
         "Degraded",
+        "Restarted",
     ]
+    assert status["restarts"]["additionalProperties"] == {"type": "integer"}
 
 
 def _walk(node, path="$"):

@@ -194,6 +194,7 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
         "TrainerReady": "True",
         "Progressing": "True",
         "Degraded": "False",
+        "Restarted": "False",
     }
     assert orchestrator_stub.calls >= 2
     await eventually(
@@ -286,3 +287,108 @@ async def test_drift_is_repaired_and_finished_runs_expire(
     assert failed["status"]["lastError"] == "every batch was filtered 3 times"
     await eventually(gone(k8s), timeout=15, message="deleted by ttlSecondsAfterFinished")
     assert await call(present, kube) == set()
+
+
+def restarted_pod(name: str, component: str, restarts: int) -> tuple[dict, dict]:
+    """A pod of the run as its workload's controller would create it, and the status kubelet
+    reports for it (`restarts` restarts, the last one OOMKilled)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {
+                "app.kubernetes.io/name": "rlrun",
+                "app.kubernetes.io/instance": NAME,
+                "app.kubernetes.io/component": component,
+                "rlrun.dev/run": NAME,
+            },
+        },
+        "spec": {"containers": [{"name": component, "image": "x"}]},
+    }
+    last = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2025-01-01T12:00:00Z"}}
+    status = {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": component,
+                "ready": True,
+                "restartCount": restarts,
+                "lastState": last if restarts else {},
+            }
+        ],
+    }
+    return pod, status
+
+
+async def test_scaling_inference_leaves_trainer_and_orchestrator_running_and_restarts_show(
+    k8s, kube, run_operator, orchestrator_stub, eventually
+):
+    await run_operator(
+        status_interval_s=0.2, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
+    )
+    await call(kube.create, copy.deepcopy(SAMPLE))
+    await eventually(has(k8s, WORKLOADS | KEPT), message="children created")
+    untouched = {
+        ("statefulsets", f"{NAME}-trainer"): stored(k8s, "statefulsets", f"{NAME}-trainer"),
+        ("deployments", f"{NAME}-orchestrator"): stored(k8s, "deployments", f"{NAME}-orchestrator"),
+        ("deployments", f"{NAME}-env-reverse-text"): stored(k8s, "deployments", f"{NAME}-env-reverse-text"),
+    }
+    versions = {key: obj["metadata"]["resourceVersion"] for key, obj in untouched.items()}
+    inference_template = stored(k8s, "statefulsets", f"{NAME}-inference")["spec"]["template"]
+    assert stored(k8s, "poddisruptionbudgets", f"{NAME}-inference") is None  # one replica
+
+    # Scale inference: the run file gets the new addresses, inference a budget, and no other
+    # workload is even patched (their pods keep running; the trainer re-reads the file).
+    await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"inference": {"replicas": 2}}})
+
+    async def scaled():
+        inference = stored(k8s, "statefulsets", f"{NAME}-inference")
+        config = stored(k8s, "configmaps", f"{NAME}-config")["data"]["config.toml"]
+        return (
+            inference["spec"]["replicas"] == 2
+            and f"{NAME}-inference-1.{NAME}-inference" in config
+            and stored(k8s, "poddisruptionbudgets", f"{NAME}-inference")
+        )
+
+    budget = await eventually(scaled, message="inference scaled to 2 with a budget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    await asyncio.sleep(0.6)  # a few more status ticks
+    for (plural, name), version in versions.items():
+        assert stored(k8s, plural, name)["metadata"]["resourceVersion"] == version, name
+    assert stored(k8s, "statefulsets", f"{NAME}-inference")["spec"]["template"] == inference_template
+
+    # Restarts: the status counts them per component from the pods, and says so.
+    pods = [restarted_pod(f"{NAME}-inference-{i}", "inference", 0) for i in range(2)]
+    pods.append(restarted_pod(f"{NAME}-trainer-0", "trainer", 1))
+    for pod, status in pods:
+        await call(kube.create, pod)
+        await call(kube.patch, "v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status")
+
+    def restarts_are(counts):
+        async def check():
+            run = stored(k8s, "rlruns", NAME)
+            return run["status"].get("restarts") == counts and run
+
+        return check
+
+    run = await eventually(restarts_are({"inference": 0, "trainer": 1}), message="restarts in the status")
+    restarted = next(c for c in run["status"]["conditions"] if c["type"] == "Restarted")
+    assert restarted["status"] == "True" and f"{NAME}-trainer-0: OOMKilled" in restarted["message"]
+    await eventually(
+        lambda: [e for e in events(k8s) if e.get("reason") == "Restarted"], message="a Restarted event"
+    )
+    pod, status = restarted_pod(f"{NAME}-trainer-0", "trainer", 2)
+    await call(kube.patch, "v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status")
+    await eventually(restarts_are({"inference": 0, "trainer": 2}), message="the second restart")
+    await eventually(
+        lambda: len([e for e in events(k8s) if e.get("reason") == "Restarted"]) == 2,
+        message="an event for each restart",
+    )
+
+    # Back to one replica: the budget goes.
+    await call(kube.patch, *RLRUN, NS, NAME, {"spec": {"inference": {"replicas": 1}}})
+    await eventually(
+        lambda: stored(k8s, "poddisruptionbudgets", f"{NAME}-inference") is None, message="budget pruned"
+    )

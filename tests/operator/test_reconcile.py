@@ -4,6 +4,10 @@ rendered object validated against the official Kubernetes schemas (kubernetes-va
 from __future__ import annotations
 
 import copy
+import re
+import socket
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -11,8 +15,22 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
-from rlrun.common.config import resolve_config
-from rlrun.operator.reconcile import GPU, KUEUE_QUEUE_LABEL, Defaults, desired_state
+from rlrun.common.config import RunConfig, resolve_config
+from rlrun.common.config.run import apply_override
+from rlrun.operator.reconcile import (
+    CONFIG_HASH_ANNOTATION,
+    CONFIG_READS,
+    ENV_SERVER,
+    GPU,
+    INFERENCE,
+    KUEUE_QUEUE_LABEL,
+    LIVE_CONFIG_KEYS,
+    MODEL_SERVER,
+    ORCHESTRATOR,
+    TRAINER,
+    Defaults,
+    desired_state,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "operator" / "samples").glob("*.yaml")) + [REPO / "configs" / "k8s" / "rlrun.yaml"]
@@ -297,8 +315,12 @@ def test_multi_node_trainer_uses_torchrun_with_c10d_rendezvous_on_pod_0():
     assert args[args.index("--local-addr") + 1] == f"$(POD_NAME).{service}"
     assert args[args.index("-m") : args.index("-m") + 4] == ["-m", "rlrun.cli", "serve", "trainer"]
     assert c["resources"]["limits"] == {GPU: 8}
-    # Only rank 0 serves gRPC: no liveness or startup probe that would restart the other ranks.
-    assert "livenessProbe" not in c and "startupProbe" not in c and "readinessProbe" in c
+    # Only rank 0 serves gRPC: no liveness or startup probe that would restart the other ranks,
+    # and a readiness probe every pod can pass (see the next test); all must turn ready.
+    assert "livenessProbe" not in c and "startupProbe" not in c
+    assert "exec" in c["readinessProbe"]
+    (workload,) = [w for w in state.workloads if w.component == "trainer"]
+    assert (workload.replicas, workload.min_ready) == (3, 3)
     assert {"name": "rdzv", "containerPort": 29400, "protocol": "TCP"} in c["ports"]
     headless = objs[("Service", "r-trainer")]["spec"]
     assert headless["publishNotReadyAddresses"] is True and headless["clusterIP"] == "None"
@@ -474,3 +496,194 @@ def test_config_changes_roll_the_pods_and_defaults_pick_images():
     assert container(objs[("StatefulSet", "r-trainer")])["image"] == "registry.local/trainer:1"
     assert container(objs[("StatefulSet", "r-trainer")])["imagePullPolicy"] == "Always"
     assert rendered(state)["orchestrator"]["address"] == "r-orchestrator.ns.svc.corp.local:50051"
+
+
+# --- restarts, resume and rollouts -------------------------------------------------------------
+
+
+def workloads_of(state) -> dict[str, dict]:
+    """Workload objects by component (one of each in these runs)."""
+    return {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o
+        for o in objects(state).values()
+        if o["kind"] in ("StatefulSet", "Deployment")
+    }
+
+
+def config_spec(**keys) -> dict:
+    """BASE_CONFIG as a structured config, with dotted keys set (`trainer__lr` is trainer.lr)."""
+    raw = tomllib.loads(BASE_CONFIG)
+    for key, value in keys.items():
+        apply_override(raw, key.split("__"), value)
+    return raw
+
+
+def structured_run(spec_config: dict, **spec) -> dict:
+    run = make_run(**spec)
+    del run["spec"]["config"]
+    run["spec"]["configSpec"] = spec_config
+    return run
+
+
+def rolled(before: dict, after: dict) -> set[str]:
+    """Components whose pod template (and so whose pods) differ between two states."""
+    a, b = workloads_of(before), workloads_of(after)
+    assert a.keys() == b.keys()
+    return {c for c in a if a[c]["spec"]["template"] != b[c]["spec"]["template"]}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"trainer__lr": 1e-5}, {TRAINER}),
+        ({"trainer__checkpoint__interval": 5}, {TRAINER}),
+        ({"inference__max_batch_size": 7}, {INFERENCE}),
+        ({"orchestrator__max_steps": 11}, {ORCHESTRATOR, TRAINER}),
+        ({"orchestrator__train__sampling__temperature": 0.5}, {ORCHESTRATOR, ENV_SERVER}),
+        ({"model__max_model_len": 64}, {INFERENCE, ENV_SERVER, ORCHESTRATOR, TRAINER}),
+        ({"log_level": "DEBUG"}, {INFERENCE, ENV_SERVER, ORCHESTRATOR, TRAINER}),
+    ],
+    ids=lambda v: ",".join(sorted(v)) if isinstance(v, set) else next(iter(v)),
+)
+def test_a_config_change_rolls_only_the_components_that_read_it(change, expected):
+    base = desired_state(structured_run(config_spec()))
+    changed = desired_state(structured_run(config_spec(**change)))
+    assert base.rendered.toml != changed.rendered.toml
+    assert rolled(base, changed) == expected
+    annotations = {
+        c: w["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        for c, w in workloads_of(changed).items()
+    }
+    assert len(set(annotations.values())) == len(annotations)  # each component its own hash
+
+
+def test_scaling_inference_restarts_nothing_and_rewrites_only_the_addresses():
+    one = desired_state(make_run(inference={"replicas": 1}))
+    three = desired_state(make_run(inference={"replicas": 3}))
+    assert rolled(one, three) == set()  # not even the inference pods already running
+    assert workloads_of(three)[INFERENCE]["spec"]["replicas"] == 3
+    before, after = rendered(one), rendered(three)
+    assert len(after["inference"]["addresses"]) == 3
+    del before["inference"]["addresses"], after["inference"]["addresses"]
+    assert before == after
+    # The run file reaches the pods as a directory mount, which kubelet updates in place
+    # (a subPath mount would keep the old addresses until the pod restarts).
+    for workload in workloads_of(three).values():
+        (mount,) = [m for m in container(workload)["volumeMounts"] if m["name"] == "config"]
+        assert "subPath" not in mount and mount["mountPath"] == "/etc/rlrun"
+        assert f"{mount['mountPath']}/config.toml" in container(workload)["args"]
+
+
+def test_a_model_server_rolls_with_inference_settings_only():
+    models = '[orchestrator.models.reference]\ncheckpoint = "/data/ref"\n'
+    base = desired_state(make_run(config=BASE_CONFIG + models))
+    batch = desired_state(make_run(config=BASE_CONFIG + models + "[inference]\nmax_batch_size = 7\n"))
+    lr = desired_state(make_run(config=BASE_CONFIG + models + "[trainer]\nlr = 1e-5\n"))
+    assert rolled(base, batch) == {INFERENCE, MODEL_SERVER}
+    assert rolled(base, lr) == {TRAINER}
+
+
+SERVICE_CODE = {
+    "inference": (INFERENCE, MODEL_SERVER),
+    "env_server": (ENV_SERVER,),
+    "orchestrator": (ORCHESTRATOR,),
+    "trainer": (TRAINER,),
+    "common": tuple(CONFIG_READS),
+}
+
+
+def test_the_hashed_config_covers_everything_each_service_reads():
+    """Scans each service's code for reads of the run file (`config.<table>[.<key>]`): every
+    one must be in that component's CONFIG_READS (or be a live key), else a change to it would
+    leave the component's pods running on the old value."""
+    tables = "|".join([*RunConfig.model_fields, "run_dir"])
+    pattern = re.compile(rf"(?<!common\.)\bconfig\.({tables})\b(?:\.(\w+))?")
+    derived = {("run_dir",): [("name",), ("output_dir",)]}
+    missing = []
+    for where, components in SERVICE_CODE.items():
+        files = sorted((REPO / "services" / where).rglob("*.py"))
+        reads = {tuple(p for p in m.groups() if p) for f in files for m in pattern.finditer(f.read_text())}
+        assert reads, where
+        for read in sorted(reads):
+            for path in derived.get(read, [read]):
+                for component in components:
+                    known = (*CONFIG_READS[component], *LIVE_CONFIG_KEYS)
+                    if not any(path[: len(r)] == r for r in known):
+                        missing.append(f"{component} reads {'.'.join(path)} ({where})")
+    assert missing == []
+
+
+@pytest.mark.parametrize("trainer", [{}, {"gpusPerNode": 4}, {"nodes": 3, "gpusPerNode": 8}])
+def test_the_trainer_resumes_from_the_checkpoint_claim_by_default(trainer):
+    storage = {"size": "1Ti", "accessModes": ["ReadWriteMany" if trainer.get("nodes") else "ReadWriteOnce"]}
+    state = desired_state(make_run(trainer=trainer, storage=storage))
+    sts = workloads_of(state)[TRAINER]
+    args = container(sts)["args"]
+    assert args[args.index("serve") : args.index("serve") + 2] == ["serve", "trainer"]
+    # The trainer resumes by default; --fresh would discard the run's checkpoints.
+    assert not {"--resume", "--fresh"} & set(args)
+    (mount,) = [m for m in container(sts)["volumeMounts"] if m["name"] == "data"]
+    (volume,) = [v for v in pod(sts)["volumes"] if v["name"] == "data"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "r-checkpoints"}
+    checkpoints = Path(rendered(state)["output_dir"]) / "checkpoints"
+    assert checkpoints.is_relative_to(mount["mountPath"])
+    # The orchestrator's state travels inside the trainer's checkpoint: it needs no claim.
+    if storage["accessModes"] == ["ReadWriteOnce"]:
+        (data,) = [v for v in pod(workloads_of(state)[ORCHESTRATOR])["volumes"] if v["name"] == "data"]
+        assert data == {"name": "data", "emptyDir": {}}
+
+
+def run_probe(command: list[str], pod_name: str, port: int) -> int:
+    """Runs a rendered exec probe here, as kubelet would in the pod (this interpreter for the
+    image's `python`, the given port for the pod's gRPC port)."""
+    python, *args, _ = command
+    assert python == "python"
+    env = {"POD_NAME": pod_name, "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, *args, str(port)], env=env, timeout=30).returncode
+
+
+def test_every_pod_of_a_multi_node_trainer_can_turn_ready():
+    trainer = workloads_of(desired_state(make_run(trainer={"nodes": 3, "gpusPerNode": 8})))[TRAINER]
+    probe = container(trainer)["readinessProbe"]
+    command = probe["exec"]["command"]
+    assert command[-1] == "50051"
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    # Nothing listens: pod 0 (rank 0, not serving yet) is not ready, the others are.
+    assert run_probe(command, "r-trainer-0", port) != 0
+    assert run_probe(command, "r-trainer-1", port) == 0
+    assert run_probe(command, "r-trainer-10", port) == 0
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        assert run_probe(command, "r-trainer-0", server.getsockname()[1]) == 0
+    assert probe["timeoutSeconds"] >= 2 and probe["periodSeconds"] >= 5
+
+
+def test_disruption_budgets_only_for_workloads_of_several_interchangeable_pods():
+    def budgets(state) -> dict[str, dict]:
+        return {o["metadata"]["name"]: o for o in state.objects if o["kind"] == "PodDisruptionBudget"}
+
+    single = desired_state(make_run(storage={"size": "1Gi"}))
+    assert budgets(single) == {}
+    config = BASE_CONFIG + '[[orchestrator.train.env]]\nid = "alphabet-sort"\n'
+    state = desired_state(
+        make_run(
+            config=config,
+            inference={"replicas": 3},
+            trainer={"nodes": 2},
+            storage={"size": "1Gi", "accessModes": ["ReadWriteMany"]},
+            envServers=[{"name": "sorting", "envs": ["alphabet-sort"], "replicas": 4}],
+        )
+    )
+    found = budgets(state)
+    assert set(found) == {"r-inference", "r-env-sorting"}  # not the trainer, orchestrator, r-env
+    objs = objects(state)
+    for name, budget in found.items():
+        kubernetes_validate.utils.validate(budget, K8S_VERSION, strict=True)
+        workload = objs.get(("StatefulSet", name)) or objs[("Deployment", name)]
+        assert budget["spec"]["selector"] == workload["spec"]["selector"]
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        assert budget["metadata"]["ownerReferences"][0]["uid"] == UID
+    suspended = make_run(inference={"replicas": 3}, suspend=True)
+    assert budgets(desired_state(suspended)) == {}

@@ -10,9 +10,11 @@ from rlrun.operator.reconcile import Workload
 from rlrun.operator.status import (
     Observation,
     OrchestratorReport,
+    PodRestarts,
     WorkloadState,
     build_status,
     is_finished,
+    pod_restarts,
     status_patch,
     transition_events,
     ttl_expired,
@@ -215,3 +217,102 @@ def test_workload_state_reads_ready_replicas():
     assert workload_state(workload, None).ready == 0
     state = workload_state(workload, {"status": {"readyReplicas": 1}})
     assert state.is_ready and state.replicas == 3
+
+
+def live_pod(name, component, *containers):
+    """A Pod as the API server returns it; each container is (restartCount, lastState)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/component": component, "rlrun.dev/run": "r"},
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": f"c{i}", "ready": True, "restartCount": count, "lastState": last, "state": {}}
+                for i, (count, last) in enumerate(containers)
+            ],
+        },
+    }
+
+
+def terminated(reason, code, at):
+    return {"terminated": {"reason": reason, "exitCode": code, "finishedAt": at, "startedAt": at}}
+
+
+def test_pod_restarts_sum_containers_and_keep_the_latest_termination():
+    pod = live_pod(
+        "r-trainer-0",
+        "trainer",
+        (2, terminated("OOMKilled", 137, "2025-01-01T11:50:00Z")),
+        (1, terminated("Error", 1, "2025-01-01T11:40:00Z")),
+    )
+    assert pod_restarts(pod) == PodRestarts(
+        "trainer", "r-trainer-0", 3, "OOMKilled", 137, "2025-01-01T11:50:00Z"
+    )
+    starting = live_pod("r-inference-0", "inference")
+    del starting["status"]
+    assert pod_restarts(starting) == PodRestarts("inference", "r-inference-0", 0)
+    assert pod_restarts(live_pod("x", "someone-else", (4, {}))) is None
+
+
+PODS = [
+    PodRestarts("inference", "r-inference-0", 1, "Error", 1, "2025-01-01T11:00:00Z"),
+    PodRestarts("inference", "r-inference-1", 0),
+    PodRestarts("env-server", "r-env-5d8f-x", 0),
+    PodRestarts("trainer", "r-trainer-0", 3, "OOMKilled", 137, "2025-01-01T11:50:00Z"),
+    PodRestarts("orchestrator", "r-orchestrator-7c9-y", 0),
+]
+
+
+def test_restarts_per_component_and_the_restarted_condition():
+    status = observe(polled=True, report=report(step=4), pods=PODS)
+    assert status["restarts"] == {"inference": 1, "env-server": 0, "orchestrator": 0, "trainer": 3}
+    restarted = next(c for c in status["conditions"] if c["type"] == "Restarted")
+    assert (restarted["status"], restarted["reason"]) == ("True", "ContainersRestarted")
+    assert restarted["message"] == (
+        "inference: 1 restart (last r-inference-0: Error, exit code 1 at 2025-01-01T11:00:00Z); "
+        "trainer: 3 restarts (last r-trainer-0: OOMKilled, exit code 137 at 2025-01-01T11:50:00Z). "
+        "The trainer resumes from its newest complete checkpoint."
+    )
+    assert conditions(status)["Degraded"] == ("False", "Healthy")  # restarts alone are no fault
+    calm = observe(polled=True, report=report(step=4), pods=[PodRestarts("trainer", "r-trainer-0", 0)])
+    assert calm["restarts"] == {"trainer": 0}
+    assert conditions(calm)["Restarted"] == ("False", "NoRestarts")
+    assert observe(suspended=True, workloads=[], pods=[])["restarts"] is None
+
+
+def test_unobserved_pods_keep_the_previous_restarts():
+    seen = observe(polled=True, report=report(step=4), pods=PODS)
+    unseen = observe(seen, now=T0 + dt.timedelta(seconds=10), polled=True, report=report(step=5))
+    assert unseen["restarts"] == seen["restarts"]
+    restarted = [c for c in unseen["conditions"] if c["type"] == "Restarted"]
+    assert restarted == [c for c in seen["conditions"] if c["type"] == "Restarted"]
+
+
+def test_every_new_restart_posts_one_warning_event():
+    calm = observe(polled=True, report=report(step=4), pods=[PodRestarts("trainer", "r-trainer-0", 0)])
+    assert transition_events({}, calm) == [("Normal", "Running", "phase None -> Running: step 4/0")]
+    crashed = [PodRestarts("trainer", "r-trainer-0", 1, "Error", 1, "2025-01-01T12:00:30Z")]
+    once = observe(calm, polled=True, report=report(step=4), pods=crashed)
+    ((kind, reason, message),) = transition_events(calm, once)
+    assert (kind, reason) == ("Warning", "Restarted")
+    assert message.startswith("trainer: 1 restart (last r-trainer-0: Error, exit code 1")
+    assert transition_events(once, observe(once, polled=True, report=report(step=4), pods=crashed)) == []
+    # A pod replaced by a new one counts from 0 again: no event for that.
+    replaced = observe(
+        once, polled=True, report=report(step=4), pods=[PodRestarts("trainer", "r-trainer-0", 0)]
+    )
+    assert conditions(replaced)["Restarted"] == ("False", "NoRestarts")
+    assert transition_events(once, replaced) == []
+
+
+def test_status_patch_removes_a_component_that_has_no_pods_any_more():
+    previous = {"restarts": {"inference": 1, "model-server": 2}}
+    assert status_patch(previous, {"restarts": {"inference": 1}}) == {"restarts": {"model-server": None}}
+    assert status_patch(previous, {"restarts": {"inference": 2, "model-server": 2}}) == {
+        "restarts": {"inference": 2}
+    }
+    assert status_patch(previous, {"restarts": None}) == {"restarts": None}
