@@ -1,12 +1,14 @@
 """Credited groups to one training batch: filters, flattening and the batch's metrics.
 
 Rewards and filter rates cover every rollout of the trained members (filtered ones included:
-they count, they just never train). An empty result (every rollout filtered) is returned as
-such; the run loop regenerates it.
+they count, they just never train). A rollout the always-on out_of_vocabulary check flags is
+also logged, naming its env, group and field. An empty result (every rollout filtered) is
+returned as such; the run loop regenerates it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import compress
@@ -17,6 +19,8 @@ from rlrun.common.types import TrainingSample
 from rlrun.orchestrator.filters import RolloutFilters
 from rlrun.orchestrator.flatten import flatten_trace
 from rlrun.orchestrator.group import RolloutGroup
+
+log = logging.getLogger(__name__)
 
 LOW_TRAIN_FRACTION = 0.1
 """At or below this fraction of rollouts training, the run logs a warning."""
@@ -62,6 +66,15 @@ def build_batch(groups: list[RolloutGroup], filters: RolloutFilters) -> BuiltBat
             hits = filters.check(trace)
             for hit in hits:
                 flagged[(hit.name, group.env)] += 1
+                if hit.detail:
+                    log.warning(
+                        "env %s, group %s: trace %s never trains (%s): %s",
+                        group.env,
+                        group.group_id,
+                        trace.id,
+                        hit.name,
+                        hit.detail,
+                    )
             if any(hit.enforced for hit in hits):
                 filtered += 1
                 env_filtered[group.env] += 1
@@ -119,7 +132,8 @@ def _metrics(
         **_stats("reward", rewards),
         **_stats("advantage", advantages),
     }
-    for name in filter_names:
+    # The configured filters report in every batch; a built-in one (out_of_vocabulary) when it flagged.
+    for name in dict.fromkeys([*filter_names, *(name for name, _ in batch.flagged)]):
         metrics[f"filter/{name}_ratio"] = sum(c for (f, _), c in batch.flagged.items() if f == name) / n
     for env, values in env_rewards.items():
         metrics[f"env/{env}/reward_mean"] = float(np.mean(values))

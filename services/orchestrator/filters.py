@@ -7,6 +7,12 @@ never trains when its filter enforces, and is only counted when the filter monit
 - repetition: `window` consecutive sampled tokens, each with logprob > `logprob_above`
   (near-certain): a degenerate loop. Tokens the model did not sample neither extend nor break
   the run.
+- out_of_vocabulary: always on and enforced. A token id the model has no embedding for (an env
+  that tokenized with another tokenizer, a corrupted trace) would crash the trainer's embedding
+  lookup, so it must never reach the trainer. Only the trace is kept from training, not its
+  group: the group's other rollouts are intact and already credited, and the trace's reward
+  is still a valid score of its rollout (the env computed it from the text), so it stays in the
+  group's baseline and in the metrics like any other flagged rollout.
 """
 
 from __future__ import annotations
@@ -17,11 +23,15 @@ from dataclasses import dataclass
 from rlrun.common.config import FiltersConfig
 from rlrun.common.types import Trace
 
+OUT_OF_VOCABULARY = "out_of_vocabulary"
+
 
 @dataclass(frozen=True)
 class FilterHit:
     name: str
     enforced: bool
+    detail: str = ""
+    """What exactly broke the filter, where the filter can name a field."""
 
 
 def is_gibberish(trace: Trace, vocab_size: int, token_id_above: int, logprob_offset: float) -> bool:
@@ -53,10 +63,18 @@ def has_repetition(trace: Trace, window: int, logprob_above: float) -> bool:
     return False
 
 
+def out_of_vocabulary(trace: Trace, vocab_size: int) -> str | None:
+    """The first token id at or above `vocab_size`, as `nodes[i].token_ids[j] = id`; None when
+    every id is in the vocabulary (negative ids never get here: the wire contract refuses them)."""
+    for i, node in enumerate(trace.nodes):
+        if node.token_ids and max(node.token_ids) >= vocab_size:
+            j = next(j for j, token in enumerate(node.token_ids) if token >= vocab_size)
+            return f"nodes[{i}].token_ids[{j}] = {node.token_ids[j]}"
+    return None
+
+
 class RolloutFilters:
-    def __init__(self, config: FiltersConfig, vocab_size: int | None):
-        if config.gibberish.enabled and vocab_size is None:
-            raise ValueError("the gibberish filter needs the model's vocab_size")
+    def __init__(self, config: FiltersConfig, vocab_size: int):
         self.config = config
         self.vocab_size = vocab_size
 
@@ -66,6 +84,10 @@ class RolloutFilters:
 
     def check(self, trace: Trace) -> list[FilterHit]:
         hits = []
+        field = out_of_vocabulary(trace, self.vocab_size)
+        if field is not None:
+            detail = f"{field} is outside the model's vocabulary (vocab_size {self.vocab_size})"
+            hits.append(FilterHit(OUT_OF_VOCABULARY, enforced=True, detail=detail))
         gibberish, repetition = self.config.gibberish, self.config.repetition
         if gibberish.enabled and is_gibberish(
             trace, self.vocab_size, gibberish.token_id_above, gibberish.logprob_offset

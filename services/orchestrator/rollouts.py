@@ -1,5 +1,6 @@
 """Runs one rollout group on its env-server under the retry policy (see retry.py); shared by
-the training scheduler and the eval."""
+the training scheduler and the eval. A group that keeps failing comes back as a GroupFailure,
+already logged with its env and group id and counted in `groups_failed_total`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from rlrun.common.types import TaskRef, WireError
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.env_client import EnvClient
 from rlrun.orchestrator.group import RolloutGroup
-from rlrun.orchestrator.retry import Verdict, classify_traces, may_retry, rpc_is_retryable, trace_errors
+from rlrun.orchestrator.retry import (
+    GROUP_FAULT_CODES,
+    Verdict,
+    classify_traces,
+    may_retry,
+    rpc_is_retryable,
+    trace_errors,
+)
 from rlrun.v1 import plan_pb2
 
 log = logging.getLogger(__name__)
@@ -38,8 +46,8 @@ class GroupFailure:
     env: str
     task: TaskRef
     reason: str
-    exhausted: bool
-    """True when retryable failures ran out of retries; False for a non-retryable error."""
+    """The last failure, e.g. `RunGroup INTERNAL: KeyError: 'answer'`."""
+    attempts: int
 
 
 async def run_group(
@@ -52,10 +60,9 @@ async def run_group(
     max_retries: int,
     timeout_s: float,
 ) -> RolloutGroup | GroupFailure:
-    """The group's traces, or why it was dropped. `version()` is called as each attempt starts
-    (a retry generates afresh, under the version current then). A non-retryable gRPC status
-    raises: it is a bug in this request or in the env-server, and the run must not go on as if
-    nothing happened."""
+    """The group's traces, or why it was dropped (retry.py says what is retried). `version()`
+    is called as each attempt starts (a retry generates afresh, under the version current
+    then). Only a status that no group could pass raises."""
     attempt = 0
     while True:
         attempt += 1
@@ -63,22 +70,25 @@ async def run_group(
         try:
             traces = await target.client.run_group(group_id, task, target.plan, n, timeout_s)
         except grpc.aio.AioRpcError as error:
-            if not rpc_is_retryable(error.code()):
+            code = error.code()
+            if not rpc_is_retryable(code):
                 raise
-            reason = f"RunGroup {error.code().name}: {error.details()}"
+            label, reason = code.name.lower(), f"RunGroup {code.name}: {error.details()}"
+            loud = code in GROUP_FAULT_CODES
         except WireError as error:
-            log.error(
-                "group %s on env %s returned an invalid trace, dropped: %s", group_id, target.env, error
-            )
-            metrics.GROUPS_FAILED.labels(env=target.env, reason="invalid_trace").inc()
-            return GroupFailure(group_id, target.env, task, f"invalid trace: {error}", exhausted=False)
+            return _dropped(target, group_id, task, attempt, "invalid_trace", f"invalid trace: {error}")
         else:
+            if not traces:
+                return _dropped(
+                    target,
+                    group_id,
+                    task,
+                    attempt,
+                    "invalid_trace",
+                    f"env-server {target.client.address} returned no traces",
+                )
             verdict = classify_traces(traces)
             if verdict is Verdict.OK:
-                if not traces:
-                    raise RuntimeError(
-                        f"env-server {target.client.address} returned no traces for group {group_id}"
-                    )
                 return RolloutGroup(
                     group_id=group_id,
                     env=target.env,
@@ -92,22 +102,42 @@ async def run_group(
                 )
             errors = "; ".join(f"{e.type}: {e.message}" for e in trace_errors(traces))
             if verdict is Verdict.FAIL:
-                log.error(
-                    "group %s on env %s failed with a non-retryable error, dropped: %s",
-                    group_id,
-                    target.env,
-                    errors,
+                return _dropped(
+                    target, group_id, task, attempt, "non_retryable_trace_errors", f"trace errors: {errors}"
                 )
-                metrics.GROUPS_FAILED.labels(env=target.env, reason="error").inc()
-                return GroupFailure(group_id, target.env, task, errors, exhausted=False)
-            reason = f"retryable trace errors: {errors}"
+            label, reason, loud = "trace_errors", f"retryable trace errors: {errors}", False
         if not may_retry(attempt, max_retries):
-            log.warning(
-                "group %s on env %s dropped after %d attempts: %s", group_id, target.env, attempt, reason
-            )
-            metrics.GROUPS_FAILED.labels(env=target.env, reason="retries_exhausted").inc()
-            return GroupFailure(group_id, target.env, task, reason, exhausted=True)
-        log.info(
-            "group %s on env %s: retry %d/%d after %s", group_id, target.env, attempt, max_retries, reason
+            return _dropped(target, group_id, task, attempt, label, reason, loud=loud)
+        log.log(
+            logging.WARNING if loud else logging.INFO,
+            "group %s on env %s: retry %d/%d after %s",
+            group_id,
+            target.env,
+            attempt,
+            max_retries,
+            reason,
         )
         metrics.ROLLOUT_RETRIES.labels(env=target.env).inc()
+
+
+def _dropped(
+    target: EnvRollouts,
+    group_id: str,
+    task: TaskRef,
+    attempts: int,
+    label: str,
+    reason: str,
+    loud: bool = True,
+) -> GroupFailure:
+    """Logs and counts a dropped group: at ERROR when the env-server or the env failed it (a bug
+    somewhere), at WARNING when only the infrastructure or the model's output did."""
+    log.log(
+        logging.ERROR if loud else logging.WARNING,
+        "group %s on env %s dropped after %d attempt(s): %s",
+        group_id,
+        target.env,
+        attempts,
+        reason,
+    )
+    metrics.GROUPS_FAILED.labels(env=target.env, reason=label).inc()
+    return GroupFailure(group_id, target.env, task, reason, attempts)

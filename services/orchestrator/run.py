@@ -244,7 +244,7 @@ class Run:
         if orch.eval.enabled:
             for env in orch.train.env:
                 self._task_count(env.key, "eval")
-        vocab = model_vocab_size(self.config) if orch.filters.gibberish.enabled else None
+        vocab = model_vocab_size(self.config)
         self.filters = RolloutFilters(orch.filters, vocab)
         self.eval_targets = self._targets(self.plans.eval)
         self.dev_targets = self._targets(self.plans.dev)
@@ -369,6 +369,7 @@ class Run:
                 inflight_limit=2 * warm.batch_size,
                 max_retries=orch.max_retries,
                 timeout_s=orch.rollout_timeout_s,
+                group_failures=orch.group_failures,
                 id_prefix=f"warmup-{self._nonce}-t{self.trainer_step}",
             ),
             max_steps=warm.max_steps,
@@ -395,6 +396,7 @@ class Run:
                 inflight_limit=orch.inflight_groups,
                 max_retries=orch.max_retries,
                 timeout_s=orch.rollout_timeout_s,
+                group_failures=orch.group_failures,
                 id_prefix=f"rl-{self._nonce}-t{self.trainer_step}",
             ),
             max_steps=orch.max_steps,

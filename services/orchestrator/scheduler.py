@@ -5,7 +5,8 @@ The run loop tells it the trainer's current version (`set_version`) and, for eac
 starts collecting, the version that batch will train at (`begin_batch`). From these the
 scheduler keeps just enough groups in flight (see staleness.py), drops finished groups that are
 too old, and cancels in-flight groups that can no longer be fresh (locally and through the
-env-server's Cancel). Dropped groups are dropped whole and counted.
+env-server's Cancel). Dropped groups are dropped whole and counted. Failed groups (see
+retry.py) are dropped too; only a sustained failure rate of one env ends the run.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from rlrun.common.config.orchestrator import GroupFailuresConfig
 from rlrun.common.types import TaskRef
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.group import RolloutGroup
-from rlrun.orchestrator.rollouts import EnvRollouts, run_group
+from rlrun.orchestrator.retry import FailureRate
+from rlrun.orchestrator.rollouts import EnvRollouts, GroupFailure, run_group
 from rlrun.orchestrator.sampler import TaskSampler
 from rlrun.orchestrator.staleness import groups_to_dispatch, is_stale
 
@@ -29,8 +32,8 @@ class AllGroupsStale(RuntimeError):
     """Nothing but stale groups for a long stretch: the replicas are not getting new weights."""
 
 
-class AllGroupsFailing(RuntimeError):
-    """Nothing but failed groups for a long stretch: retrying would only spin."""
+class GroupsFailing(RuntimeError):
+    """One env failed a sustained share of its recent groups (orchestrator.group_failures)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class SchedulerSettings:
     inflight_limit: int
     max_retries: int
     timeout_s: float
+    group_failures: GroupFailuresConfig
     id_prefix: str
     """Group ids are `<id_prefix>-<counter>`, unique within the run."""
 
@@ -71,9 +75,8 @@ class GroupScheduler:
         self._taken = 0
         self._counter = 0
         self._stale_in_a_row = 0
-        self._failed_in_a_row = 0
+        self._failures = FailureRate(settings.group_failures.window, settings.group_failures.max_ratio)
         self.dropped_stale = 0
-        self.failed = 0
 
     # -- driven by the run loop ----------------------------------------------------------------
 
@@ -146,7 +149,7 @@ class GroupScheduler:
 
     @property
     def _patience(self) -> int:
-        """Drops in a row (stale, or failed) after which the run fails instead of spinning."""
+        """Stale drops in a row after which the run fails instead of spinning."""
         return max(4 * self.settings.batch_size, 64)
 
     def _stale(self, policy_start: int) -> bool:
@@ -264,17 +267,16 @@ class GroupScheduler:
             if self._fatal is None:
                 self._fatal = error
         else:
-            if isinstance(result, RolloutGroup):
-                self._failed_in_a_row = 0
+            if isinstance(result, GroupFailure):
+                if self._failures.record(env, failed=True) and self._fatal is None:
+                    self._fatal = GroupsFailing(
+                        f"{self._failures.describe(env)}; the last, {group_id}, after {result.attempts} "
+                        f"attempt(s): {result.reason}"
+                    )
+            else:
+                self._failures.record(env, failed=False)
                 self._ready.append(result)
                 metrics.QUEUE_DEPTH.set(len(self._ready))
-            else:
-                self.failed += 1
-                self._failed_in_a_row += 1
-                if self._failed_in_a_row >= self._patience and self._fatal is None:
-                    self._fatal = AllGroupsFailing(
-                        f"{self._failed_in_a_row} groups in a row failed (the last, {group_id} on env {env}: {result.reason})"
-                    )
         finally:
             self._inflight.pop(group_id, None)
             metrics.INFLIGHT.set(len(self._inflight))

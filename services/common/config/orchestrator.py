@@ -124,6 +124,22 @@ class FiltersConfig(Section):
     """The repetition filter."""
 
 
+class GroupFailuresConfig(Section):
+    """When failed groups stop the run. A group that still fails after `max_retries` (an
+    env-server answering INTERNAL or INVALID_ARGUMENT, trace errors, an invalid trace) is
+    dropped and counted, and the run goes on: one bad task or one odd model output must not end
+    it. Only a sustained failure rate of one env does, naming the env and its last error."""
+
+    window: int = Field(64, ge=1)
+    """How many of an env's most recently finished groups the failure rate is measured over.
+    Default: 64."""
+
+    max_ratio: float = Field(0.5, gt=0, le=1)
+    """The run stops once `ceil(max_ratio × window)` of an env's last `window` finished groups
+    failed (the window need not be full: with the defaults, an env whose first 32 groups all
+    fail stops the run). 1.0 stops only on `window` failures in a row. Default: 0.5."""
+
+
 class WarmStartConfig(Section):
     max_steps: int = Field(0, ge=0)
     """Most supervised steps before RL (0 = no warm start). Default: 0."""
@@ -177,7 +193,12 @@ class OrchestratorConfig(Section):
     """Bound on groups in flight; unset means batch_size × (max_off_policy_steps + 1). Default: unset."""
 
     max_retries: int = Field(3, ge=0)
-    """Retries of a retryable rollout failure (UNAVAILABLE, DEADLINE_EXCEEDED, env-marked). Default: 3."""
+    """Retries of a failed group before it is dropped: an env-server answering UNAVAILABLE,
+    DEADLINE_EXCEEDED, INTERNAL or INVALID_ARGUMENT, or traces with errors the env marks
+    retryable. Default: 3."""
+
+    group_failures: GroupFailuresConfig = GroupFailuresConfig()
+    """The failure rate at which dropped groups stop the run."""
 
     rollout_timeout_s: float = Field(300.0, gt=0)
     """Deadline of one group's rollouts. Default: 300."""

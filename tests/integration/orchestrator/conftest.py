@@ -1,6 +1,7 @@
 """In-test fakes of the services the orchestrator talks to, on 127.0.0.1: an env-server that
-crafts traces (with knobs for slow, stale, failing and invalid groups), a trainer that checks
-the step sequence and stores checkpoint state, and an inference replica (health, Score)."""
+crafts traces (with knobs for slow, stale, failing, refused and out-of-vocabulary groups), a
+trainer that checks the step sequence and stores checkpoint state, and an inference replica
+(health, Score)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ TRAINER_SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 STALE_TOKEN = 99
 """Completion token of groups the fake env makes stale on purpose (it must never train)."""
+OOV_TOKEN = 128
+"""A token id just outside the vocabulary of the default model (configs/models/tiny-d64.json)."""
 
 
 class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -129,6 +132,12 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
         """group index -> attempts answered with retryable trace errors."""
         self.fatal_error_groups: set[int] = set()
         self.abort_code: grpc.StatusCode | None = None
+        self.abort_groups: dict[int, grpc.StatusCode] = {}
+        """group index -> the status every attempt of that group is answered with."""
+        self.abort_eval_tasks: dict[int, grpc.StatusCode] = {}
+        """eval task index -> the status every attempt of its group is answered with."""
+        self.oov_groups: set[int] = set()
+        """Groups whose first trace samples OOV_TOKEN (at nodes[1].token_ids[0])."""
         self.sampled_logprob = -0.5
         self.dev_good_from = 2
         self.algorithm_calls: list[env_pb2.RunAlgorithmsRequest] = []
@@ -145,6 +154,10 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
         index = int(request.group_id.rsplit("-", 1)[1]) if request.group_id.startswith("rl-") else None
         if self.abort_code is not None:
             await context.abort(self.abort_code, "the fake env refuses")
+        task = task_from_proto(request.task)
+        code = self.abort_eval_tasks.get(task.idx) if task.split == "eval" else self.abort_groups.get(index)
+        if code is not None:
+            await context.abort(code, f"the fake env fails group {request.group_id}")
         if index in self.unavailable_groups and self.unavailable_groups[index] in (-1, *range(attempt, 100)):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker restarting")
         if index in self.hang_groups:
@@ -154,7 +167,6 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
                 self.cancelled_in_flight.append(request.group_id)
                 raise
         plan = plan_from_proto(request.plan)
-        task = task_from_proto(request.task)
         [(member, target)] = plan.targets.items()
         version = self.trainer.version
         stale = index in self.stale_groups
@@ -163,6 +175,8 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
         for i in range(request.n):
             rule = target.model.kind == "rule"
             completion = [STALE_TOKEN if stale else 20 + (task.idx + i) % 10, 21, 1]
+            if index in self.oov_groups and i == 0:
+                completion[0] = OOV_TOKEN
             logprob = 0.0 if rule else self.sampled_logprob
             if rule:
                 reward = 1.0
@@ -260,6 +274,7 @@ class Stack:
     """A fake trainer, one fake env per env entry and one inference replica, all serving."""
 
     stale_token = STALE_TOKEN
+    oov_token = OOV_TOKEN
 
     def __init__(self, trainer, envs, inference, addresses):
         self.trainer = trainer

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import grpc
 import pytest
 from prometheus_client import REGISTRY
 
@@ -189,18 +188,11 @@ async def test_retries_are_bounded_and_endless_failure_fails_the_run(stack, tmp_
         stack.config(tmp_path, max_retries=1, eval={"enabled": False}, grpc={"retries": 1})
     )
     assert status.phase == "failed"
-    assert "groups in a row failed" in status.last_error and "UNAVAILABLE" in status.last_error
+    # by default, the run stops once half of an env's last 64 groups failed: here its first 32
+    assert status.last_error.startswith("GroupsFailing: 32 of env 'reverse-text''s last 32 finished groups")
+    assert "RunGroup UNAVAILABLE: worker restarting" in status.last_error
     attempts = list(stack.env.attempts.values())
-    assert max(attempts) == 2 and attempts.count(2) >= 64  # one try and one retry per dropped group
-
-
-async def test_a_non_retryable_status_fails_the_run(stack, tmp_path):
-    stack.env.abort_code = grpc.StatusCode.INVALID_ARGUMENT
-    status = await execute(stack.config(tmp_path))
-    assert status.phase == "failed"
-    assert status.last_error == "gRPC INVALID_ARGUMENT: the fake env refuses"
-    assert "INVALID_ARGUMENT" in (tmp_path / "run" / "error.txt").read_text()
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["phase"] == "failed"
+    assert max(attempts) == 2 and attempts.count(2) >= 32  # one try and one retry per dropped group
 
 
 async def test_batches_that_are_all_filtered_end_in_failed(stack, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -89,10 +90,40 @@ def test_a_batch_where_everything_is_filtered_is_empty(build):
     assert batch.samples == [] and batch.trained_fraction == 0.0 and batch.metrics["filtered_ratio"] == 1.0
 
 
-def test_gibberish_without_a_vocab_size_is_refused():
-    cfg = FiltersConfig.model_validate({"gibberish": {"enabled": True}})
-    with pytest.raises(ValueError, match="vocab_size"):
-        RolloutFilters(cfg, None)
+def test_a_token_outside_the_vocabulary_keeps_only_its_trace_out_of_training(build, caplog):
+    """Always on, whatever the configured filters: the trainer never sees the id, the rest of
+    the group trains, and the log names the env, the group and the field."""
+    edge = build.multi_turn("edge", 1.0)
+    edge.nodes[2].token_ids[1] = VOCAB - 1  # the last id of the vocabulary is fine
+    bad = build.multi_turn("bad", 0.0)
+    bad.nodes[2].token_ids[1] = VOCAB  # a tool observation from an env that tokenized differently
+    for t in (edge, bad):
+        credit_sampled(t, "rl", t.reward - 0.5)
+    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.batching"):
+        batch = build_batch([build.group([edge, bad])], RolloutFilters(FiltersConfig(), VOCAB))
+    [sample] = batch.samples
+    assert max(sample.token_ids) == VOCAB - 1
+    assert batch.flagged == {("out_of_vocabulary", "rev"): 1}
+    m = batch.metrics
+    assert (m["rollouts"], m["filtered_ratio"], m["filter/out_of_vocabulary_ratio"]) == (2, 0.5, 0.5)
+    assert m["reward_mean"] == 0.5  # the dropped trace's reward still counts
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "env rev, group g: trace bad never trains (out_of_vocabulary): nodes[2].token_ids[1] = 128 "
+        "is outside the model's vocabulary (vocab_size 128)"
+    )
+
+
+def test_an_in_vocabulary_batch_reports_only_the_configured_filters(build):
+    traces = [build.trace("a", 1.0), build.trace("b", 0.0)]
+    for t in traces:
+        credit_sampled(t, "rl", t.reward)
+    batch = build_batch([build.group(traces)], filters())
+    assert batch.flagged == {} and len(batch.samples) == 2
+    assert sorted(k for k in batch.metrics if k.startswith("filter/")) == [
+        "filter/gibberish_ratio",
+        "filter/repetition_ratio",
+    ]
 
 
 def test_batch_metrics_cover_advantages_tokens_and_reward_components(build):
@@ -101,7 +132,7 @@ def test_batch_metrics_cover_advantages_tokens_and_reward_components(build):
     traces[1].rewards = {"similarity": RewardComponent(0.1)}
     for t, a in zip(traces, [0.5, -0.5], strict=True):
         credit_sampled(t, "rl", a)
-    m = build_batch([build.group(traces)], RolloutFilters(FiltersConfig(), None)).metrics
+    m = build_batch([build.group(traces)], RolloutFilters(FiltersConfig(), VOCAB)).metrics
     assert (m["tokens"], m["trained_tokens"], m["samples"]) == (6, 6, 2)
     assert (m["advantage_mean"], m["advantage_min"], m["advantage_max"]) == (0.0, -0.5, 0.5)
     assert m["reward/similarity"] == pytest.approx(0.5)
