@@ -182,6 +182,9 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rlrun.common.service import stop_with_launcher
+
+    stop_with_launcher()
     if getattr(args, "service_missing", False):
         raise SystemExit(f"rlrun: the {args.service} service is not available in this installation")
     try:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +22,23 @@ from rlrun.common.logs import setup_logging
 from rlrun.common.metrics import start_metrics_server
 
 Cleanup = Callable[[], Awaitable[None]]
+LAUNCHER_PID_ENV = "RLRUN_LAUNCHER_PID"
+"""Set by `rlrun local` for its services: the pid whose death stops them."""
+PR_SET_PDEATHSIG = 1
+
+
+def stop_with_launcher() -> None:
+    """Under `rlrun local`: SIGTERM this process when the launcher dies, even by SIGKILL (the
+    kernel sends it). A launcher already gone before this ran is caught by its pid."""
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher:
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        return
+    if os.getppid() != int(launcher):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass

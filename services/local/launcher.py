@@ -212,7 +212,9 @@ class LocalRun:
         how = f"{child.name} (pid {child.process.pid}) {describe_exit(child.process.returncode)}"
         attempt = child.restarts + 1
         if attempt > self.max_restarts:
-            raise child.failure(f"{how.split(' ', 1)[1]}, and was restarted {child.restarts} times already")
+            raise child.failure(
+                f"{describe_exit(child.process.returncode)}, and was restarted {child.restarts} times already"
+            )
         delay = min(30.0, RESTART_BACKOFF_S * 2 ** (attempt - 1))
         print(
             f"rlrun local: {how}; restarting it ({attempt} of {self.max_restarts}) in {delay:.0f}s; "
@@ -234,15 +236,24 @@ class LocalRun:
             self._prioritise(child)
         print(f"rlrun local: {child.name} is back (pid {child.process.pid})", file=sys.stderr)
 
-    async def follow(self, address: str, progress: RunProgress) -> orchestrator_pb2.GetRunStatusResponse:
-        """Polls the run to its end, restarting services that die on the way."""
+    async def follow(
+        self, address: str, progress: RunProgress
+    ) -> orchestrator_pb2.GetRunStatusResponse | None:
+        """Polls the run to its end, restarting services that die on the way (None: the run
+        was stopped and its orchestrator exited before its last status was seen)."""
         options = ClientOptions.from_config(self.config.grpc)
         await wait_for_health(address, options, timeout_s=120.0)
         async with open_channel(address, options) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+            status = None
             while True:
                 for child in self.group.exited():
-                    await asyncio.to_thread(self.revive, child)
+                    assert child.process is not None
+                    if self.stopping and child.name == "orchestrator" and child.process.returncode == 0:
+                        return status  # a stopped run's orchestrator exits once it has saved
+                    # In this thread: the kernel stops a child when the thread that started
+                    # it exits (PR_SET_PDEATHSIG), and a worker thread does not live long.
+                    self.revive(child)
                     if self.stopping and child.name == "orchestrator":
                         await stub.Stop(orchestrator_pb2.StopRequest(reason="interrupted"), timeout=30.0)
                 try:
@@ -264,7 +275,7 @@ class LocalRun:
         async with open_channel(address, options) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             await stub.Stop(orchestrator_pb2.StopRequest(reason="interrupted"), timeout=30.0)
-        return await asyncio.wait_for(self.follow(address, progress), STOP_GRACE_S)
+        await asyncio.wait_for(self.follow(address, progress), STOP_GRACE_S)
 
 
 def _interrupt(signum, frame):

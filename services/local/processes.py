@@ -4,8 +4,6 @@ limit), and shut everything down so that no process is ever left behind."""
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import re
 import selectors
@@ -16,28 +14,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlrun.common.service import LAUNCHER_PID_ENV
+
 READY = re.compile(r"^rlrun (?P<service>[\w-]+) listening on (?P<host>[^\s:]+|\[[^\]]+\]):(?P<port>\d+)$")
-PR_SET_PDEATHSIG = 1
 
 
 class ChildFailed(RuntimeError):
     """A service process died or never became ready; the message names it and its log."""
-
-
-def _child_setup(own_session: bool) -> None:
-    # If the launcher is killed outright (SIGKILL), the kernel still stops its children.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-    # Either way the child leads its own process group, so a stop can kill the whole group.
-    # A new session also puts it in its own scheduling group where the kernel's autogroup
-    # scheduling is on (Linux' default): the CPU is then shared fairly between sessions
-    # first, and between the threads of one session only within that session's share.
-    if own_session:
-        os.setsid()
-    else:
-        os.setpgrp()
 
 
 def raise_autogroup_priority(pid: int, nice: int) -> bool:
@@ -128,8 +111,18 @@ class ProcessGroup:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,
-                env=self.env,
-                preexec_fn=functools.partial(_child_setup, child.own_session),
+                # If the launcher is killed outright (SIGKILL), the kernel still stops the child:
+                # it asks for that itself (stop_with_launcher), since a preexec_fn would make
+                # Python fork instead of vfork, and gRPC's fork handlers abort a child forked
+                # while the launcher's channels are open (a restart mid-run died with SIGABRT).
+                env={**self.env, LAUNCHER_PID_ENV: str(os.getpid())},
+                # Either way the child leads its own process group, so a stop can kill the
+                # whole group. A new session also puts it in its own scheduling group where
+                # the kernel's autogroup scheduling is on (Linux' default): the CPU is then
+                # shared fairly between sessions first, and between the threads of one
+                # session only within that session's share.
+                start_new_session=child.own_session,
+                process_group=None if child.own_session else 0,
                 text=True,
                 bufsize=1,
             )

@@ -1,4 +1,11 @@
-"""The run: connect, resume or start fresh, warm start, RL, finish.
+"""The run: connect, resume, warm start, RL, finish.
+
+A run always resumes from the trainer's newest checkpoint that its own records reach (step 0,
+saved by a fresh trainer, for a new run): the orchestrator's state travels in the checkpoint
+with the weights (each SubmitBatch carries the state as it will be once the batch trained),
+so the pair always belongs to one step. When the trainer is lost mid-run (it died, or came
+back at an older step), the run goes back to that checkpoint and carries on; steps after it
+are trained again, and their metrics lines replaced.
 
 Both training phases go through the same pipeline: the scheduler produces groups, the
 algorithms credit them, filters and flattening cut a batch, and the trainer trains it. The
@@ -10,6 +17,7 @@ simply taken again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -38,10 +46,10 @@ from rlrun.orchestrator.outputs import EVAL_DIR, ROLLOUTS_DIR, RunOutputs, trace
 from rlrun.orchestrator.plan import compile_plans, member_temperatures, samples_live_policy, trained_members
 from rlrun.orchestrator.rollouts import EnvRollouts
 from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
-from rlrun.orchestrator.scheduler import GroupScheduler, SchedulerSettings
+from rlrun.orchestrator.scheduler import AllGroupsStale, GroupScheduler, GroupsFailing, SchedulerSettings
 from rlrun.orchestrator.state import OrchestratorState
 from rlrun.orchestrator.status import RunStatus
-from rlrun.orchestrator.trainer_client import StepResult
+from rlrun.orchestrator.trainer_client import StepResult, TrainerLost
 from rlrun.v1 import training_pb2
 
 log = logging.getLogger(__name__)
@@ -129,6 +137,8 @@ class Run:
         self.trainer_step = 0
         self.version = 0
         self.state = OrchestratorState(trainer_step=0, policy_version=0)
+        self.resumes = 0
+        """Times this process went back to a checkpoint after losing the trainer."""
         self._checkpointed_at = -1
         self._skips_in_a_row = 0
         self._last_step_end = 0.0
@@ -152,14 +162,14 @@ class Run:
         try:
             descriptions = await self._connect()
             self._prepare(descriptions)
-            if self.plans.warmup and not self.state.warmup_done:
-                if self.stop_reason is None:
-                    self.status.phase = "warmup"
-                await self._train_phase(self._warmup_phase())
-                self.state.warmup_done = self.stop_reason is None
-            if self.stop_reason is None:
-                self.status.phase = "running"
-                await self._rl()
+            while True:
+                await self._resume()
+                try:
+                    await self._phases()
+                    break
+                except TrainerLost as lost:
+                    self.resumes += 1
+                    log.warning("lost the trainer (%s); resuming from its checkpoint", lost)
             await self._finish()
         except asyncio.CancelledError:
             raise
@@ -168,6 +178,20 @@ class Run:
         finally:
             if self.connections is not None:
                 await self.connections.close()
+
+    async def _phases(self) -> None:
+        if self.plans.warmup and not self.state.warmup_done:
+            if self.stop_reason is None:
+                self.status.phase = "warmup"
+            await self._train_phase(self._warmup_phase())
+            if self.stop_reason is None:
+                self.state.warmup_done = True
+                await self._checkpoint()  # a resume must not take the warm start up again
+        if self.stop_reason is None:
+            self.status.phase = "running"
+            await self._rl()
+        if self._checkpointed_at != self.trainer_step:
+            await self._checkpoint()
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -180,7 +204,6 @@ class Run:
         self.connections = Connections(self.config, self.options)
         envs = self.orch.train.env
         found = await asyncio.gather(*(self.connections.envs[e.key].describe(e.key, e.id) for e in envs))
-        self.trainer_status = await self.connections.trainer.status()
         return {env.key: description for env, description in zip(envs, found, strict=True)}
 
     def _prepare(self, descriptions: dict[str, EnvDescription]) -> None:
@@ -248,7 +271,13 @@ class Run:
         self.filters = RolloutFilters(orch.filters, vocab)
         self.eval_targets = self._targets(self.plans.eval)
         self.dev_targets = self._targets(self.plans.dev)
-        self._restore()
+        # What a run resumed at step 0 (a fresh trainer's checkpoint) starts from.
+        self._initial = OrchestratorState(
+            trainer_step=0,
+            policy_version=0,
+            sampler=self.sampler.state(),
+            algorithms=self.credit.state_dict(),
+        )
 
     def _check_members(self, descriptions: dict[str, EnvDescription]) -> None:
         configured = sorted(m.id for m in self.orch.members)
@@ -300,52 +329,50 @@ class Run:
             )
         return out
 
-    def _restore(self) -> None:
-        trainer = self.trainer_status
-        self.trainer_step, self.version = trainer.step, trainer.version
-        if not trainer.resume_state:
-            if trainer.step != 0:
-                raise RunFailed(
-                    f"the trainer is at step {trainer.step} but returned no orchestrator state (resume_state); "
-                    "restart the trainer from a checkpoint saved by the orchestrator, or start a fresh run"
-                )
-            self.outputs.start_fresh()
-            self.state = OrchestratorState(trainer_step=0, policy_version=trainer.version)
-            log.info("fresh run: cleared old outputs in %s", self.outputs.run_dir)
-            return
-        state = OrchestratorState.from_bytes(trainer.resume_state)
-        if trainer.step < state.trainer_step:
+    async def _resume(self) -> None:
+        """Goes back to the trainer's newest checkpoint that this run's records reach: the
+        step of the last metrics line written (none: the trainer's newest), so the metrics
+        stay gap-free; the trainer rolls back to it if it has moved on."""
+        assert self.connections is not None
+        recorded = self.outputs.recorded_trainer_step()
+        back = await self.connections.trainer.rollback(recorded)
+        if back.resume_state:
+            state = OrchestratorState.from_bytes(back.resume_state)
+        elif back.step == 0:
+            state = dataclasses.replace(self._initial, policy_version=back.version)
+        else:
             raise RunFailed(
-                f"the trainer is at step {trainer.step}, behind its own saved state (step {state.trainer_step})"
+                f"the trainer's checkpoint {back.checkpoint or 'at step ' + str(back.step)} holds no "
+                "orchestrator state; start the run over with --fresh"
             )
-        if trainer.step > state.trainer_step:
-            extra = trainer.step - state.trainer_step
-            log.warning(
-                "the trainer is %d steps past the saved orchestrator state; counting them as %s steps",
-                extra,
-                "rl" if state.warmup_done else "warm-start",
+        if state.trainer_step != back.step:
+            raise RunFailed(
+                f"the trainer is at step {back.step} but the orchestrator state saved with it is for "
+                f"step {state.trainer_step}"
             )
-            if state.warmup_done:
-                state.rl_steps += extra
-            else:
-                state.warmup_steps += extra
-            state.trainer_step = trainer.step
+        self.trainer_step, self.version = back.step, back.version
         self.sampler.load_state(state.sampler)
         self.credit.load_state_dict(state.algorithms)
         self._credit_state = state.algorithms
         self.state = state
         self._stale_before = state.groups_dropped_stale
-        self._checkpointed_at = trainer.step
-        self.outputs.resume_after(trainer.step, state.warmup_steps, state.rl_steps)
+        self._checkpointed_at = back.step
+        self._last_eval = None
+        self.outputs.resume_after(back.step, state.warmup_steps, state.rl_steps)
         self.status.step = state.rl_steps
-        self.status.version = trainer.version
-        log.info(
-            "resumed at trainer step %d (warm-start steps %d, rl steps %d, version %d)",
-            trainer.step,
-            state.warmup_steps,
-            state.rl_steps,
-            trainer.version,
-        )
+        self.status.version = back.version
+        self.status.resumes = self.resumes
+        if back.step:
+            log.info(
+                "resumed at trainer step %d (warm-start steps %d, rl steps %d, version %d)%s",
+                back.step,
+                state.warmup_steps,
+                state.rl_steps,
+                back.version,
+                f" from {back.checkpoint}" if back.checkpoint else "",
+            )
+        else:
+            log.info("starting at step 0 in %s", self.outputs.run_dir)
 
     # -- phases -------------------------------------------------------------------------------------
 
@@ -535,7 +562,7 @@ class Run:
             for group in built.batch.groups:
                 metrics.OFF_POLICY.observe(version - group.policy_start)
         started = time.monotonic()
-        result = await self.connections.trainer.submit(proto)
+        result = await self.connections.trainer.submit(proto, self._state_after(built, phase).to_bytes())
         train_seconds = time.monotonic() - started
         if not result.skipped and result.step != step + 1:
             raise RunFailed(
@@ -544,6 +571,27 @@ class Run:
         self.trainer_step, self.version = result.step, result.version
         scheduler.set_version(result.version)
         return StepOutcome(built, result, train_seconds, lag, version)
+
+    def _state_after(self, built: BuiltStep, phase: Phase) -> OrchestratorState:
+        """The state as it will be once `built` trained: what a trainer checkpoint of that
+        step saves (the step's wall time is not known yet and is left out)."""
+        state = dataclasses.replace(
+            self.state,
+            trainer_step=self.trainer_step + 1,
+            policy_version=self.version + 1,
+            sampler=self.sampler.state(),
+            algorithms=self._credit_state,
+            groups_dropped_stale=self._groups_dropped_stale(),
+        )
+        if phase.name == "warmup":
+            state.warmup_steps += 1
+        else:
+            state.rl_steps += 1
+            state.algorithms = built.credit_state
+            state.rl_tokens += built.batch.generated_tokens
+            if state.train_reward_start is None:
+                state.train_reward_start = built.batch.metrics.get("reward_mean")
+        return state
 
     async def _after_step(self, phase: Phase, outcome: StepOutcome) -> bool:
         """Records a finished step; runs the evals and checkpoints due. True ends the phase."""
@@ -607,9 +655,6 @@ class Run:
                 )
         end_phase = await self._evals_due(phase, number, line)
         self.outputs.append_metrics(line)
-        interval = self.config.trainer.checkpoint.interval
-        if interval and self.trainer_step % interval == 0:
-            await self._checkpoint()
         log.info(
             "%s step %d/%d (trainer step %d, version %d): reward %.3f, %d tokens, lag %d, %.2fs",
             phase.name,
@@ -781,13 +826,11 @@ class Run:
         state.sampler = self.sampler.state()
         state.algorithms = self._credit_state
         state.groups_dropped_stale = self._groups_dropped_stale()
-        path = await self.connections.trainer.save_checkpoint(state.to_bytes())
+        path = await self.connections.trainer.save_checkpoint(state.to_bytes(), self.trainer_step)
         self._checkpointed_at = self.trainer_step
         log.info("checkpoint at trainer step %d: %s", self.trainer_step, path)
 
     async def _finish(self) -> None:
-        if self._checkpointed_at != self.trainer_step and self.trainer_step > 0:
-            await self._checkpoint()
         if self.stop_reason is not None:
             self.status.last_error = f"stopped by request: {self.stop_reason}"
             self.status.phase = "failed"
@@ -798,7 +841,7 @@ class Run:
 
     async def _fail(self, error: Exception) -> None:
         reason = describe_error(error)
-        expected = isinstance(error, RunFailed | ConfigError | TimeoutError)
+        expected = isinstance(error, RunFailed | ConfigError | TimeoutError | GroupsFailing | AllGroupsStale)
         log.error("run failed: %s", reason, exc_info=None if expected else error)
         self.status.phase = "failed"
         self.status.last_error = reason

@@ -40,13 +40,16 @@ class ReplicaWatch:
         return reply.policy_version
 
     async def lagging(self) -> list[str]:
-        """Replicas that answer but are behind the trainer (or were left out of a broadcast)."""
+        """Replicas that answer but hold another version than the trainer's: older (restarted,
+        or left out of a broadcast) or newer (steps a restarted trainer lost). A step that
+        ends between the two looks makes a replica look ahead; it is then pushed the same
+        weights again, which is harmless."""
         live = self.runtime.version
         versions = await asyncio.gather(*(self._version(a) for a in self.stubs))
         return [
             address
             for address, version in zip(self.stubs, versions, strict=True)
-            if version is not None and (version < live or address in self.runtime.left_out)
+            if version is not None and (version != live or address in self.runtime.left_out)
         ]
 
     async def run(self) -> None:

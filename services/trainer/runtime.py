@@ -259,7 +259,8 @@ class TrainerRuntime:
                 log.info("deleted %s: its steps will be trained again", gone)
             self.resume_state, self.last_checkpoint = extra, str(path)
             self._saved_at, self._saved_step = time.monotonic(), self.step
-            if loaded:
-                self.left_out.clear()
-                await self._broadcast(rollback=True)
+            # Also when nothing was loaded: a trainer that restarted from this checkpoint left
+            # the replicas on the newer versions of its lost steps.
+            self.left_out.clear()
+            await self._broadcast(rollback=True)
             return RollbackOutcome(self.step, self.version, loaded, extra)

@@ -6,7 +6,6 @@ import asyncio
 import pytest
 import torch
 
-from rlrun.common.errors import RequestError
 from rlrun.common.model import PackedCausal, build_model
 from rlrun.common.model.weights import broadcast_tensors
 from rlrun.common.types import SamplingParams

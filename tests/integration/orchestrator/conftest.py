@@ -43,6 +43,11 @@ OOV_TOKEN = 128
 
 
 class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
+    """The trainer's checkpoint contract without a model: step 0 is saved at start, each
+    SubmitBatch's orchestrator_state is kept and saved every `checkpoint_every` steps, a
+    SaveCheckpoint for another step is refused, and Rollback goes back to the newest
+    checkpoint at or before max_step, dropping the later ones."""
+
     def __init__(self, delay: float = 0.01, skip_steps=()):
         self.step = 0
         self.version = 0
@@ -50,7 +55,8 @@ class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
         self.skip_steps = set(skip_steps)
         self.resume_state = b""
         self.batches = []
-        self.checkpoints: list[tuple[int, bytes]] = []
+        self.checkpoints: list[tuple[int, bytes]] = [(0, b"")]
+        self.checkpoint_every: int | None = None
         self.step_reached = asyncio.Event()
         self.crash_at: int | None = None
         self.reject_step: int | None = None
@@ -79,6 +85,9 @@ class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
             )
         self.step += 1
         self.version += 1
+        self.resume_state = bytes(request.orchestrator_state) or self.resume_state
+        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            self.checkpoints.append((self.step, self.resume_state))
         if self.crash_at is not None and self.step >= self.crash_at:
             self.step_reached.set()
         return trainer_pb2.SubmitBatchResponse(
@@ -86,8 +95,21 @@ class FakeTrainer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     async def SaveCheckpoint(self, request, context):
-        self.checkpoints.append((self.step, bytes(request.extra_state)))
+        if request.HasField("step") and request.step != self.step:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"step: {request.step} != {self.step}")
+        self.resume_state = bytes(request.extra_state) or self.resume_state
+        self.checkpoints.append((self.step, self.resume_state))
         return trainer_pb2.SaveCheckpointResponse(path=f"checkpoints/step_{self.step}", step=self.step)
+
+    async def Rollback(self, request, context):
+        limit = request.max_step if request.max_step >= 0 else None
+        kept = [c for c in self.checkpoints if limit is None or c[0] <= limit]
+        step, state = max(kept, key=lambda c: c[0])  # the last saved among equal steps
+        self.checkpoints = [c for c in self.checkpoints if c[0] <= step]
+        self.step, self.version, self.resume_state = step, step, state
+        return trainer_pb2.RollbackResponse(
+            step=step, policy_version=step, checkpoint=f"checkpoints/step_{step}", resume_state=state
+        )
 
     def restart_from_last_checkpoint(self) -> None:
         """What a restarted trainer does: back to its newest checkpoint, with its extra state."""

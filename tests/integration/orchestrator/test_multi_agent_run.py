@@ -158,14 +158,14 @@ async def test_resume_restores_the_baselines_and_refuses_a_checkpoint_without_th
             address,
             max_steps=4,
             eval={"enabled": False},
-            trainer={"checkpoint": {"interval": 2}},
         )
+        trainer.checkpoint_every = 2
         trainer.crash_at = 3
         run = asyncio.create_task(execute(config))
         await trainer.step_reached.wait()
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
-        [(step, state)] = trainer.checkpoints
+        step, state = trainer.checkpoints[-1]
         saved = json.loads(state)["algorithms"]["ema_per_member"]["baselines"]
         assert step == 2 and len(saved) == 4  # two groups of two steps, one key each
 
@@ -178,7 +178,7 @@ async def test_resume_restores_the_baselines_and_refuses_a_checkpoint_without_th
 
         without = json.loads(state)
         without["algorithms"] = {}
-        trainer.checkpoints.append((2, json.dumps(without).encode()))
+        trainer.checkpoints = [(2, json.dumps(without).encode())]
         trainer.restart_from_last_checkpoint()
         status = await execute(config)
     assert status.phase == "failed"

@@ -247,13 +247,14 @@ async def test_skipped_steps_are_taken_again(stack, tmp_path):
 
 async def test_resume_continues_the_step_sequence(stack, tmp_path):
     trainer = stack.trainer
-    config = stack.config(tmp_path, max_steps=6, trainer={"checkpoint": {"interval": 2}})
+    config = stack.config(tmp_path, max_steps=6)
+    trainer.checkpoint_every = 2
     trainer.crash_at = 3
     run = asyncio.create_task(execute(config))
     await trainer.step_reached.wait()
     run.cancel()  # the orchestrator dies after step 3; the newest checkpoint is step 2
     await asyncio.gather(run, return_exceptions=True)
-    assert [s for s, _ in trainer.checkpoints] == [2]
+    assert [s for s, _ in trainer.checkpoints] == [0, 2]
     saved = json.loads(trainer.checkpoints[-1][1])
     assert (saved["rl_steps"], saved["trainer_step"]) == (2, 2)
     first_run_calls = len(stack.env.calls)
@@ -278,11 +279,32 @@ async def test_resume_continues_the_step_sequence(stack, tmp_path):
     assert set(resumed) == expected  # the sampler continues from its saved state
 
 
-async def test_a_trained_trainer_without_saved_state_is_refused(stack, tmp_path):
-    stack.trainer.step = stack.trainer.version = 5
+async def test_a_checkpoint_without_orchestrator_state_is_refused(stack, tmp_path):
+    stack.trainer.checkpoints.append((5, b""))  # e.g. saved by hand, or by an older rlrun
+    stack.trainer.restart_from_last_checkpoint()
     status = await execute(stack.config(tmp_path))
     assert status.phase == "failed"
-    assert "trainer is at step 5 but returned no orchestrator state" in status.last_error
+    assert (
+        "checkpoints/step_5 holds no orchestrator state; start the run over with --fresh" in status.last_error
+    )
+
+
+async def test_a_lost_trainer_sends_the_run_back_to_its_checkpoint(stack, tmp_path):
+    """The trainer dies after step 3 and comes back at its step-2 checkpoint: the run goes
+    back there, trains steps 3 and 4 again, and its metrics have one line per step."""
+    trainer = stack.trainer
+    trainer.checkpoint_every = 2
+    trainer.crash_at = 3
+    run = asyncio.create_task(execute(stack.config(tmp_path, max_steps=5, eval={"enabled": False})))
+    await trainer.step_reached.wait()
+    trainer.restart_from_last_checkpoint()  # the next SubmitBatch is for a step it lost
+    status = await asyncio.wait_for(run, timeout=60)
+    assert status.phase == "succeeded", status.last_error
+    steps = [b.step for b in trainer.batches]
+    assert steps[:3] == [0, 1, 2] and steps[-3:] == [2, 3, 4]
+    lines = read_lines(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in lines if r["phase"] == "rl"] == [1, 2, 3, 4, 5]
+    assert status.resumes == 1
 
 
 async def test_multi_agent_env_with_an_algorithm_that_cannot_handle_members_fails_at_startup(stack, tmp_path):

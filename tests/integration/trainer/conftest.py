@@ -57,6 +57,8 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
         self.version = 0
         self.weights: dict[str, torch.Tensor] = {}
         self.updates = 0
+        self.rollbacks = 0
+        """Updates marked as a rollback (an older version allowed)."""
         self.groups: dict[tuple, object] = {}
         """Joined groups by (host, port, world_size, rank, group_name)."""
 
@@ -109,6 +111,7 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
                 assembler.add(message.chunk)
         self.weights = tensors if tensors is not None else assembler.finish()
         self.version = header.version
+        self.rollbacks += header.rollback
         self.updates += 1
         return inference_pb2.UpdateWeightsResponse(version=header.version, bytes_received=header.total_bytes)
 

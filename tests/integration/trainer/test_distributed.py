@@ -72,7 +72,7 @@ async def test_two_fsdp_ranks_resume_a_single_process_checkpoint_exactly(
     replica = await start_replica()
     trainer_settings = {**TRAINER, "parallel": "fsdp"}
     run_file = write_run_file(tmp_path / "run.toml", tmp_path / "out", [replica.address], trainer_settings)
-    trainer = await spawn_service([*TORCHRUN, *SERVE, "--config", str(run_file), "--resume", "latest"])
+    trainer = await spawn_service([*TORCHRUN, *SERVE, "--config", str(run_file)])
     stub = trainer_pb2_grpc.TrainerServiceStub(trainer.channel)
 
     status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())

@@ -1,6 +1,7 @@
 """The launcher's process supervision, with stand-in children (real services are covered by e2e)."""
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -8,10 +9,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlrun.local.processes import ChildFailed, ProcessGroup, raise_autogroup_priority
+from rlrun.local.processes import (
+    ChildFailed,
+    ProcessGroup,
+    describe_exit,
+    raise_autogroup_priority,
+    with_port,
+)
 
 READY_THEN_SLEEP = (
     "import sys, time; print('rlrun fake listening on 127.0.0.1:4321', flush=True); time.sleep(60)"
+)
+SERVICE_LIKE = (  # what `rlrun serve` does first
+    "from rlrun.common.service import stop_with_launcher; stop_with_launcher(); " + READY_THEN_SLEEP
 )
 IGNORES_SIGTERM = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -35,7 +45,7 @@ def test_reads_the_address_from_the_ready_line_and_stops_everything(tmp_path):
     group = ProcessGroup(dict(os.environ))
     child = group.start("fake", [sys.executable, "-c", READY_THEN_SLEEP], tmp_path / "fake.log")
     assert child.address == "127.0.0.1:4321"
-    group.check_alive()
+    assert group.exited() == []
     group.stop()
     assert child.process.poll() is not None
 
@@ -56,9 +66,27 @@ def test_a_child_that_dies_later_is_detected(tmp_path):
     script = "import time; print('rlrun t listening on 127.0.0.1:1', flush=True); time.sleep(0.3); raise SystemExit(7)"
     child = group.start("trainer", [sys.executable, "-c", script], tmp_path / "trainer.log")
     child.process.wait(timeout=10)
-    with pytest.raises(ChildFailed, match="trainer exited unexpectedly with code 7"):
-        group.check_alive()
+    assert group.exited() == [child]
+    assert describe_exit(child.process.returncode) == "exited with code 7"
     group.stop()
+
+
+def test_a_dead_child_is_restarted_with_its_new_argv(tmp_path):
+    group = ProcessGroup(dict(os.environ))
+    child = group.start(
+        "inference", [sys.executable, "-c", READY_THEN_SLEEP, "--port", "0"], tmp_path / "i.log"
+    )
+    first = child.process.pid
+    os.kill(first, signal.SIGKILL)
+    child.process.wait(timeout=10)
+    assert describe_exit(child.process.returncode) == "was killed by SIGKILL"
+    group.restart(child, with_port(child.argv, "4321"))
+    try:
+        assert child.process.pid != first and child.restarts == 1
+        assert child.argv[-2:] == ["--port", "4321"] and child.address == "127.0.0.1:4321"
+        assert group.exited() == []
+    finally:
+        group.stop()
 
 
 def test_a_child_that_ignores_sigterm_is_killed(tmp_path):
@@ -69,14 +97,15 @@ def test_a_child_that_ignores_sigterm_is_killed(tmp_path):
 
 
 def test_children_die_with_a_killed_launcher(tmp_path):
-    """Even SIGKILL of the launcher leaves no process behind (PR_SET_PDEATHSIG)."""
+    """Even SIGKILL of the launcher leaves no process behind (PR_SET_PDEATHSIG, which the
+    service sets on itself)."""
     pid_file = tmp_path / "pid"
     launcher = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
         "from rlrun.local.processes import ProcessGroup\n"
         "g = ProcessGroup(dict(os.environ))\n"
-        f"c = g.start('fake', [sys.executable, '-c', {READY_THEN_SLEEP!r}], Path({str(tmp_path / 'f.log')!r}))\n"
+        f"c = g.start('fake', [sys.executable, '-c', {SERVICE_LIKE!r}], Path({str(tmp_path / 'f.log')!r}))\n"
         f"Path({str(pid_file)!r}).write_text(str(c.process.pid))\n"
         "time.sleep(60)\n"
     )

@@ -32,16 +32,15 @@ def test_foreign_state_is_refused(data):
         OrchestratorState.from_bytes(data)
 
 
-def test_fresh_start_clears_old_outputs(tmp_path):
+def test_the_recorded_step_is_the_last_trained_one_and_none_without_a_metrics_file(tmp_path):
     out = RunOutputs(tmp_path)
-    out.append_metrics({"step": 1, "trainer_step": 1, "phase": "rl"})
-    out.write_rows("eval", "step_0", [{"reward": 1.0}])
-    out.write_rows("rollouts", "step_1", [{"id": "t"}])
-    out.write_summary({"steps": 1})
-    out.write_error("boom")
-    (tmp_path / "checkpoints").mkdir()
-    out.start_fresh()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # the trainer's folder is not ours
+    assert out.recorded_trainer_step() is None  # a new folder: the trainer's checkpoints decide
+    out.append_metrics({"step": 0, "trainer_step": 0, "phase": "eval"})
+    assert out.recorded_trainer_step() == 0
+    out.append_metrics({"step": 1, "trainer_step": 1, "phase": "warmup"})
+    out.append_metrics({"step": 1, "trainer_step": 2, "phase": "rl"})
+    out.append_metrics({"step": 1, "trainer_step": 2, "phase": "eval"})
+    assert out.recorded_trainer_step() == 2
 
 
 def test_resume_keeps_exactly_the_checkpointed_steps(tmp_path):

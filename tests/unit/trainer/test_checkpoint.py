@@ -7,11 +7,13 @@ import torch
 
 from rlrun.common.model import load_checkpoint_dir
 from rlrun.trainer.checkpoint import (
+    CorruptCheckpoint,
+    discard_after,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    resolve_resume,
     save_checkpoint,
+    start_fresh,
 )
 from rlrun.trainer.synthetic import synthetic_batch
 
@@ -102,12 +104,51 @@ def test_an_incomplete_folder_is_never_taken_for_a_checkpoint(make_learner, tmp_
     assert latest_checkpoint(root) == root / "step_0"
 
 
-def test_resolve_resume(tmp_path, make_learner):
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(
+            lambda path: (path / "model" / "model.safetensors").write_bytes(b"cut short"), id="truncated"
+        ),
+        pytest.param(lambda path: (path / "trainer_state.pt").unlink(), id="file-missing"),
+        pytest.param(lambda path: flip_a_byte(path / "model" / "model.safetensors"), id="bit-flip"),
+        pytest.param(lambda path: (path / "meta.json").write_text("{"), id="meta-unreadable"),
+    ],
+)
+def test_a_corrupt_checkpoint_is_never_loaded_and_the_one_before_is_used(make_learner, tmp_path, damage):
+    learner = make_learner()
     root = tmp_path / "checkpoints"
-    assert resolve_resume(root, None) is None
-    assert resolve_resume(root, "latest") is None  # nothing saved yet: a fresh start
-    path = save(make_learner(), root)
-    assert resolve_resume(root, "latest") == path
-    assert resolve_resume(root, str(path)) == path
-    with pytest.raises(FileNotFoundError, match="is not a checkpoint"):
-        resolve_resume(root, str(tmp_path / "nowhere"))
+    older = save(learner, root, extra=b"older")
+    learner.train(synthetic_batch(0))
+    newest = save(learner, root, extra=b"newest")
+    damage(newest)
+    with pytest.raises(CorruptCheckpoint):
+        load_checkpoint(newest)
+    assert latest_checkpoint(root) == older
+    assert load_checkpoint(older)[1] == b"older"
+
+
+def flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_latest_checkpoint_respects_max_step_and_a_rollback_discards_later_ones(make_learner, tmp_path):
+    learner = make_learner()
+    root = tmp_path / "checkpoints"
+    for step in range(3):
+        save(learner, root)
+        learner.train(synthetic_batch(step))
+    assert latest_checkpoint(root, max_step=1) == root / "step_1"
+    assert latest_checkpoint(root, max_step=-1) is None
+    assert [p.name for p in discard_after(root, 1)] == ["step_2"]
+    assert [p.name for p in list_checkpoints(root)] == ["step_0", "step_1"]
+
+
+def test_start_fresh_removes_every_checkpoint(make_learner, tmp_path):
+    root = tmp_path / "checkpoints"
+    assert not start_fresh(root)
+    save(make_learner(), root)
+    assert start_fresh(root)
+    assert latest_checkpoint(root) is None
