@@ -52,7 +52,10 @@ class Connections:
     def __init__(self, config: RunConfig, options: ClientOptions):
         self.config = config
         self.options = options
-        self.envs = {env.key: EnvClient(env.address or "", options) for env in config.orchestrator.train.env}
+        self.envs = {
+            env.key: EnvClient(env.address or "", options, config.grpc.unavailable_retry_s)
+            for env in config.orchestrator.train.env
+        }
         self.trainer = TrainerClient(config.trainer.address, options, config.grpc.unavailable_retry_s)
         self._scorers: dict[str, InferenceScorer] = {}
 

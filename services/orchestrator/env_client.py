@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.grpc_client import ClientOptions, call_while_unavailable, open_channel
 from rlrun.common.types import TaskRef, Trace
 from rlrun.common.wire import channels_from_proto, task_to_proto, trace_from_proto, trace_to_proto
 from rlrun.orchestrator.algorithms import BranchResult
@@ -24,8 +24,9 @@ class EnvDescription:
 
 
 class EnvClient:
-    def __init__(self, address: str, options: ClientOptions):
+    def __init__(self, address: str, options: ClientOptions, unavailable_retry_s: float = 120.0):
         self.address = address
+        self.unavailable_retry_s = unavailable_retry_s
         self.channel = open_channel(address, options)
         self.stub = env_pb2_grpc.EnvServiceStub(self.channel)
 
@@ -50,9 +51,14 @@ class EnvClient:
     async def run_group(
         self, group_id: str, task: TaskRef, plan: plan_pb2.GenerationPlan, n: int, timeout_s: float
     ) -> list[Trace]:
-        """n rollouts of one task; each returned trace is validated (WireError names the field)."""
+        """n rollouts of one task; each returned trace is validated (WireError names the field).
+        An env-server that is UNAVAILABLE (restarting) is waited for, within `timeout_s` too."""
         request = env_pb2.RunGroupRequest(group_id=group_id, task=task_to_proto(task), plan=plan, n=n)
-        reply = await self.stub.RunGroup(request, timeout=timeout_s)
+        reply = await call_while_unavailable(
+            lambda: self.stub.RunGroup(request, timeout=timeout_s),
+            min(self.unavailable_retry_s, timeout_s),
+            f"env-server {self.address} RunGroup",
+        )
         return [trace_from_proto(t, f"RunGroup({group_id}).traces[{i}]") for i, t in enumerate(reply.traces)]
 
     async def cancel(self, group_ids: list[str]) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from rlrun.common.config import RunConfig
+from rlrun.common.config import RunConfig, reload_config
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.logs import setup_logging
 from rlrun.common.model import arch_dict
@@ -133,7 +133,12 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
                 # Step 0 saved too: a rollback always has a checkpoint to go back to.
                 await runtime.save()
             add_trainer_service(ctx.server.server, runtime, config)
-            watch = ReplicaWatch(runtime, client, config.trainer.broadcast.resync_interval_s)
+            watch = ReplicaWatch(
+                runtime,
+                client,
+                config.trainer.broadcast.resync_interval_s,
+                lambda: reload_config(args.config, args.overrides).inference.addresses,
+            )
             ctx.background.append(asyncio.create_task(watch.run()))
 
             async def cleanup() -> None:

@@ -55,6 +55,10 @@ class WeightBroadcaster(Protocol):
         """Every replica it can reach, in configured order."""
         ...
 
+    async def set_addresses(self, addresses: list[str]) -> None:
+        """The replica set changed (inference scaled): opens and closes channels to match."""
+        ...
+
     async def broadcast(
         self,
         tensors: dict[str, torch.Tensor],
@@ -98,13 +102,24 @@ async def retry_unavailable(address: str, attempt_call, retries: int) -> tuple[o
             await asyncio.sleep(delay)
 
 
+async def resize_channels(
+    channels: dict[str, grpc.aio.Channel], addresses: list[str], options: ClientOptions
+) -> None:
+    """`channels` (address -> channel) made to hold exactly `addresses`, in their order."""
+    gone = [channels.pop(a) for a in list(channels) if a not in addresses]
+    await asyncio.gather(*(channel.close() for channel in gone))
+    kept = dict(channels)
+    channels.clear()
+    channels.update({a: kept.get(a) or open_channel(a, options) for a in addresses})
+
+
 class GrpcWeightBroadcaster:
     tensors_on_cpu = True
 
     def __init__(self, addresses: list[str], config: BroadcastConfig, client: ClientOptions):
         self.config = config
-        options = replica_client_options(client, config)
-        self.channels = {address: open_channel(address, options) for address in addresses}
+        self.options = replica_client_options(client, config)
+        self.channels = {address: open_channel(address, self.options) for address in addresses}
 
     async def _send(
         self, address: str, tensors: dict[str, torch.Tensor], version: int, total_bytes: int, rollback: bool
@@ -128,6 +143,9 @@ class GrpcWeightBroadcaster:
     @property
     def addresses(self) -> list[str]:
         return list(self.channels)
+
+    async def set_addresses(self, addresses: list[str]) -> None:
+        await resize_channels(self.channels, addresses, self.options)
 
     async def broadcast(
         self,

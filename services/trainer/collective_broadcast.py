@@ -42,7 +42,7 @@ import torch.distributed as dist
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model.weights import TORCH_TO_PB
-from rlrun.trainer.broadcast import ReplicaResult, replica_client_options, retry_unavailable
+from rlrun.trainer.broadcast import ReplicaResult, replica_client_options, resize_channels, retry_unavailable
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
 
 log = logging.getLogger("rlrun.trainer.collective_broadcast")
@@ -138,8 +138,8 @@ class CollectiveWeightBroadcaster:
         self.ranks_per_replica = ranks_per_replica
         self.device = torch.device(device)
         self.timeout = timedelta(seconds=config.timeout_s)
-        options = replica_client_options(client, config)
-        self.channels = {address: open_channel(address, options) for address in addresses}
+        self.options = replica_client_options(client, config)
+        self.channels = {address: open_channel(address, self.options) for address in addresses}
         self.generation = 0
         self.group: _Group | None = None
 
@@ -193,6 +193,9 @@ class CollectiveWeightBroadcaster:
     @property
     def addresses(self) -> list[str]:
         return list(self.channels)
+
+    async def set_addresses(self, addresses: list[str]) -> None:
+        await resize_channels(self.channels, addresses, self.options)  # the next update forms a new group
 
     async def broadcast(
         self,

@@ -173,6 +173,11 @@ class TrainerRuntime:
         )
         return results, seconds
 
+    async def set_replicas(self, addresses: list[str]) -> None:
+        async with self.lock:  # never while a broadcast is on its way
+            await self.broadcaster.set_addresses(addresses)
+            self.left_out &= set(addresses)
+
     async def resync(self, lagging: list[str]) -> list[ReplicaResult]:
         """Pushes the current weights to the replicas `lagging` (restarted ones hold their
         initial weights; one that failed a broadcast holds an older version, or a newer one

@@ -14,7 +14,13 @@ from rlrun.common.config.orchestrator import (
     OrchestratorConfig,
     WarmStartConfig,
 )
-from rlrun.common.config.run import RunConfig, load_config, load_config_with_warnings, resolve_config
+from rlrun.common.config.run import (
+    RunConfig,
+    load_config,
+    load_config_with_warnings,
+    reload_config,
+    resolve_config,
+)
 from rlrun.common.config.sampling import SamplingConfig, SamplingOverrides
 from rlrun.common.config.trainer import TrainerConfig
 
@@ -39,6 +45,7 @@ __all__ = [
     "WarmStartConfig",
     "load_config",
     "load_config_with_warnings",
+    "reload_config",
     "resolve_config",
     "translate_deprecated",
 ]

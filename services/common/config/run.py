@@ -132,14 +132,23 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
 
 
 def load_config_with_warnings(path: str | Path, overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:
-    path = Path(path)
+    config, warnings = _read(Path(path), overrides)
+    for warning in warnings:
+        log.warning("%s: %s", path, warning)
+    return config, warnings
+
+
+def reload_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """Reads the run file again, for a running service that follows changes to it (its
+    deprecation warnings were logged at start)."""
+    return _read(Path(path), overrides)[0]
+
+
+def _read(path: Path, overrides: list[str]) -> tuple[RunConfig, list[str]]:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError("", f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError("", f"{path} is not valid TOML: {error}") from None
-    config, warnings = resolve_config(raw, overrides)
-    for warning in warnings:
-        log.warning("%s: %s", path, warning)
-    return config, warnings
+    return resolve_config(raw, overrides)

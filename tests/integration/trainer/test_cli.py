@@ -77,3 +77,32 @@ async def test_serve_resumes_by_default_rolls_back_and_starts_fresh(
     status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
     assert (status.step, status.policy_version, status.resume_state) == (0, 0, b"")
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_0"]
+
+
+async def test_a_replica_added_to_the_config_file_is_synced_and_a_removed_one_dropped(
+    tmp_path, start_replica, spawn_service, write_run_file
+):
+    """The operator scales inference by rewriting inference.addresses in the mounted config
+    file; the running trainer follows it (trainer.broadcast.resync_interval_s)."""
+    first, second = await start_replica(), await start_replica()
+    settings = {"micro_batch_tokens": 256, "broadcast.resync_interval_s": 0.2}
+    run_file = write_run_file(tmp_path / "run.toml", tmp_path / "out", [first.address], settings)
+    trainer = await spawn_service(
+        [sys.executable, "-m", "rlrun.cli", "serve", "trainer", "--config", str(run_file)]
+    )
+    stub = trainer_pb2_grpc.TrainerServiceStub(trainer.channel)
+    await submit(stub, 0)
+    assert (first.servicer.version, second.servicer.version) == (1, 0)
+
+    write_run_file(run_file, tmp_path / "out", [first.address, second.address], settings)
+    await replica_at(second, 1)  # synced without waiting for a step
+    assert all(
+        torch.equal(second.servicer.weights[k], first.servicer.weights[k]) for k in first.servicer.weights
+    )
+
+    write_run_file(run_file, tmp_path / "out", [second.address], settings)
+    await asyncio.sleep(1.0)
+    reply = await submit(stub, 1)
+    assert [b.address for b in reply.broadcasts] == [second.address]
+    assert (first.servicer.version, second.servicer.version) == (1, 2)
+    assert await trainer.stop() == 0

@@ -103,7 +103,7 @@ def test_rpc_errors_are_retryable_only_for_infrastructure_faults(code, retryable
 
 def test_unreachable_inference_is_a_retryable_model_call_error():
     async def call():
-        client = InferenceClient()
+        client = InferenceClient(unavailable_retry_s=1.0)
         try:
             await asyncio.wait_for(client.generate(["127.0.0.1:1"], [3, 4], SamplingParams(max_tokens=2)), 30)
         finally:
