@@ -16,12 +16,13 @@ from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
 from rlrun.common.grpc_server import GrpcServer
 from rlrun.common.service import ServiceContext
-from rlrun.common.tokenizer import load_tokenizer
+from rlrun.common.tokenizer_info import load_with_info
 from rlrun.inference.engines import create_engine
 from rlrun.inference.engines.base import Engine
 from rlrun.inference.http_server import HttpServer
 from rlrun.inference.openai_app import build_openai_app
 from rlrun.inference.servicer import InferenceServicer
+from rlrun.inference.text_path import TextPath
 from rlrun.v1 import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,12 @@ class InferenceService:
             self.engine = create_engine(self.config)
         self.engine.on_dead = self._engine_died
         await self.engine.start()
-        servicer = InferenceServicer(self.engine, self._on_weights_applied, self.not_ready)
+        tokenizer, info = load_with_info(self.config.model.tokenizer, self.config.model.path)
+        servicer = InferenceServicer(
+            self.engine, TextPath(tokenizer, info), self._on_weights_applied, self.not_ready
+        )
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if self.http_port is not None:
-            tokenizer = load_tokenizer(self.config.model.tokenizer, self.config.model.path)
             app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready)
             self.http = HttpServer(app, self.host, self.http_port)
             await self.http.start()

@@ -1,4 +1,5 @@
-"""The gRPC InferenceService: proto in, engine call, proto out. All logic lives in the engine."""
+"""The gRPC InferenceService: proto in, engine call, proto out. All logic lives in the engine
+(and, for the text-level RPCs, in text_path)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rlrun.common.model.weights import LayoutCache
 from rlrun.common.wire import sampling_from_proto
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import Completion, Engine, QueueFullError, check_version_order
+from rlrun.inference.text_path import TextPath
 from rlrun.inference.validation import check_score, check_token_ids
 from rlrun.inference.weight_stream import StreamBroken, receive_update
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
@@ -43,11 +45,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(
         self,
         engine: Engine,
+        text: TextPath,
         on_weights_applied: Callable[[int], None] = lambda version: None,
         not_ready: Callable[[], str | None] = lambda: None,
     ):
-        """`not_ready()`: why this replica may not generate yet (None: it may)."""
+        """`text`: the text-level RPCs, over the tokenizer the model was loaded with;
+        `not_ready()`: why this replica may not generate yet (None: it may)."""
         self.engine = engine
+        self.text = text
         self.on_weights_applied = on_weights_applied
         self.not_ready = not_ready
         # One update at a time: each holds a full copy of the weights while it assembles.
@@ -60,12 +65,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             self._layout_cache = LayoutCache(specs)
         return self._layout_cache
 
-    @grpc_errors
-    async def Generate(self, request, context):
+    async def _admit(self, context) -> None:
         if (reason := self.not_ready()) is not None:
             # UNAVAILABLE: callers retry elsewhere or later; a rollout from a replica that
             # restarted with its initial weights would only be dropped as stale.
             await context.abort(grpc.StatusCode.UNAVAILABLE, reason)
+
+    async def _generate(self, context, prompt: list[int], params, request_id: str) -> list[Completion]:
+        try:
+            return await self.engine.generate(prompt, params, request_id)
+        except QueueFullError as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+
+    @grpc_errors
+    async def Generate(self, request, context):
+        await self._admit(context)
         prompt = list(request.prompt_token_ids)
         check_token_ids(prompt, "prompt_token_ids", self.engine.vocab_size, self.engine.max_model_len - 1)
         params = sampling_from_proto(
@@ -76,13 +90,41 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             prompt_len=len(prompt),
             max_samples=self.engine.max_samples,
         )
-        try:
-            completions = await self.engine.generate(prompt, params, request.request_id)
-        except QueueFullError as error:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        completions = await self._generate(context, prompt, params, request.request_id)
         return inference_pb2.GenerateResponse(
             completions=[completion_to_proto(c) for c in completions], prompt_tokens=len(prompt)
         )
+
+    @grpc_errors
+    async def GenerateChat(self, request, context):
+        await self._admit(context)
+        rendered = self.text.render(request.messages, add_generation_prompt=True)
+        prompt = list(rendered.token_ids)
+        params = sampling_from_proto(
+            request.sampling,
+            "sampling",
+            vocab_size=self.engine.vocab_size,
+            max_samples=self.engine.max_samples,
+        )
+        params = self.text.chat_sampling(params, prompt, self.engine.max_model_len)
+        completions = await self._generate(context, prompt, params, request.request_id)
+        return inference_pb2.GenerateChatResponse(
+            prompt=rendered,
+            completions=[self.text.chat_completion(c, completion_to_proto(c)) for c in completions],
+        )
+
+    @grpc_errors
+    async def RenderChat(self, request, context):
+        return self.text.render(request.messages, request.add_generation_prompt)
+
+    @grpc_errors
+    async def Tokenize(self, request, context):
+        return inference_pb2.TokenizeResponse(token_ids=self.text.tokenize(request.text))
+
+    @grpc_errors
+    async def Detokenize(self, request, context):
+        text = self.text.detokenize(list(request.token_ids), request.skip_special_tokens)
+        return inference_pb2.DetokenizeResponse(text=text)
 
     @grpc_errors
     async def Score(self, request, context):
@@ -149,6 +191,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             model=status.model,
             engine=status.engine,
             max_model_len=status.max_model_len,
+            tokenizer=self.text.info,
         )
 
     @grpc_errors

@@ -8,8 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RewardRange(_message.Message):
+    __slots__ = ("min", "max")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    min: float
+    max: float
+    def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
 class EnvInfo(_message.Message):
-    __slots__ = ("env_id", "task_counts", "group_scoring", "algorithms", "members", "temperature")
+    __slots__ = ("env_id", "task_counts", "group_scoring", "algorithms", "members", "temperature", "tokenizer", "reward_range")
     class TaskCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,13 +31,17 @@ class EnvInfo(_message.Message):
     ALGORITHMS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    REWARD_RANGE_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     task_counts: _containers.ScalarMap[str, int]
     group_scoring: bool
     algorithms: _containers.RepeatedScalarFieldContainer[str]
     members: _containers.RepeatedScalarFieldContainer[str]
     temperature: float
-    def __init__(self, env_id: _Optional[str] = ..., task_counts: _Optional[_Mapping[str, int]] = ..., group_scoring: _Optional[bool] = ..., algorithms: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ...) -> None: ...
+    tokenizer: _plan_pb2.TokenizerInfo
+    reward_range: RewardRange
+    def __init__(self, env_id: _Optional[str] = ..., task_counts: _Optional[_Mapping[str, int]] = ..., group_scoring: _Optional[bool] = ..., algorithms: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., tokenizer: _Optional[_Union[_plan_pb2.TokenizerInfo, _Mapping]] = ..., reward_range: _Optional[_Union[RewardRange, _Mapping]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

@@ -26,8 +26,22 @@ if _version_not_supported:
 
 
 class EnvServiceStub:
-    """An environment server. External env-servers may implement this in any language
-    against this file (and the files it imports) alone.
+    """An environment server. External env-servers may implement this in any language against
+    this file and the files it imports alone; docs/env-protocol.md walks through one RunGroup.
+
+    What the orchestrator needs of an external env-server:
+    - GetInfo and RunGroup. RunRollout, RunAlgorithms and Cancel may answer UNIMPLEMENTED as
+    long as the run never asks for them (the orchestrator calls RunAlgorithms only for
+    algorithm ids the env lists in EnvInfo.algorithms; a failed Cancel is only logged).
+    - No grpc.health.v1 service: the orchestrator polls GetInfo until it answers OK, and a
+    GetInfo answering UNIMPLEMENTED fails the run's start at once, naming the RPC.
+    - Errors as data: a rollout that failed is a Trace with `errors`, not a failed RPC. A bad
+    request gets INVALID_ARGUMENT whose message starts with the offending field. Any
+    INTERNAL, UNKNOWN or INVALID_ARGUMENT answer to RunGroup fails just that group (retried
+    up to orchestrator.max_retries, then dropped and counted); UNIMPLEMENTED and the other
+    codes that no group could pass end the run at once.
+    Every reply is checked (see RunGroupResponse); a reply that breaks the contract fails its
+    group with a message naming the field, the env and the group.
     """
 
     def __init__(self, channel):
@@ -64,12 +78,27 @@ class EnvServiceStub:
 
 
 class EnvServiceServicer:
-    """An environment server. External env-servers may implement this in any language
-    against this file (and the files it imports) alone.
+    """An environment server. External env-servers may implement this in any language against
+    this file and the files it imports alone; docs/env-protocol.md walks through one RunGroup.
+
+    What the orchestrator needs of an external env-server:
+    - GetInfo and RunGroup. RunRollout, RunAlgorithms and Cancel may answer UNIMPLEMENTED as
+    long as the run never asks for them (the orchestrator calls RunAlgorithms only for
+    algorithm ids the env lists in EnvInfo.algorithms; a failed Cancel is only logged).
+    - No grpc.health.v1 service: the orchestrator polls GetInfo until it answers OK, and a
+    GetInfo answering UNIMPLEMENTED fails the run's start at once, naming the RPC.
+    - Errors as data: a rollout that failed is a Trace with `errors`, not a failed RPC. A bad
+    request gets INVALID_ARGUMENT whose message starts with the offending field. Any
+    INTERNAL, UNKNOWN or INVALID_ARGUMENT answer to RunGroup fails just that group (retried
+    up to orchestrator.max_retries, then dropped and counted); UNIMPLEMENTED and the other
+    codes that no group could pass end the run at once.
+    Every reply is checked (see RunGroupResponse); a reply that breaks the contract fails its
+    group with a message naming the field, the env and the group.
     """
 
     def GetInfo(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """What the server hosts. Also the readiness probe: called until it answers OK.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -82,7 +111,8 @@ class EnvServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunGroup(self, request, context):
-        """n rollouts of one task, scored together when the env has group scoring.
+        """n rollouts of one task, scored together when the env has group scoring. The call the
+        orchestrator makes for every training and eval group.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,7 +126,8 @@ class EnvServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Cancels in-flight rollouts (stale groups, a stopping run). Best effort.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -138,8 +169,22 @@ def add_EnvServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EnvService:
-    """An environment server. External env-servers may implement this in any language
-    against this file (and the files it imports) alone.
+    """An environment server. External env-servers may implement this in any language against
+    this file and the files it imports alone; docs/env-protocol.md walks through one RunGroup.
+
+    What the orchestrator needs of an external env-server:
+    - GetInfo and RunGroup. RunRollout, RunAlgorithms and Cancel may answer UNIMPLEMENTED as
+    long as the run never asks for them (the orchestrator calls RunAlgorithms only for
+    algorithm ids the env lists in EnvInfo.algorithms; a failed Cancel is only logged).
+    - No grpc.health.v1 service: the orchestrator polls GetInfo until it answers OK, and a
+    GetInfo answering UNIMPLEMENTED fails the run's start at once, naming the RPC.
+    - Errors as data: a rollout that failed is a Trace with `errors`, not a failed RPC. A bad
+    request gets INVALID_ARGUMENT whose message starts with the offending field. Any
+    INTERNAL, UNKNOWN or INVALID_ARGUMENT answer to RunGroup fails just that group (retried
+    up to orchestrator.max_retries, then dropped and counted); UNIMPLEMENTED and the other
+    codes that no group could pass end the run at once.
+    Every reply is checked (see RunGroupResponse); a reply that breaks the contract fails its
+    group with a message naming the field, the env and the group.
     """
 
     @staticmethod

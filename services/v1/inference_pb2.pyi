@@ -1,3 +1,4 @@
+from rlrun.v1 import plan_pb2 as _plan_pb2
 from rlrun.v1 import sampling_pb2 as _sampling_pb2
 from rlrun.v1 import weights_pb2 as _weights_pb2
 from google.protobuf.internal import containers as _containers
@@ -85,7 +86,7 @@ class GetInferenceStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInferenceStatusResponse(_message.Message):
-    __slots__ = ("policy_version", "running_requests", "waiting_requests", "tokens_per_s", "paused", "model", "engine", "max_model_len")
+    __slots__ = ("policy_version", "running_requests", "waiting_requests", "tokens_per_s", "paused", "model", "engine", "max_model_len", "tokenizer")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +95,7 @@ class GetInferenceStatusResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     running_requests: int
     waiting_requests: int
@@ -102,7 +104,92 @@ class GetInferenceStatusResponse(_message.Message):
     model: str
     engine: str
     max_model_len: int
-    def __init__(self, policy_version: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., paused: _Optional[bool] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    tokenizer: _plan_pb2.TokenizerInfo
+    def __init__(self, policy_version: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., paused: _Optional[bool] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., tokenizer: _Optional[_Union[_plan_pb2.TokenizerInfo, _Mapping]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class RenderChatRequest(_message.Message):
+    __slots__ = ("messages", "add_generation_prompt")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    add_generation_prompt: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+
+class RenderedMessage(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RenderChatResponse(_message.Message):
+    __slots__ = ("messages", "generation_prompt", "token_ids")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[RenderedMessage]
+    generation_prompt: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, messages: _Optional[_Iterable[_Union[RenderedMessage, _Mapping]]] = ..., generation_prompt: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateChatRequest(_message.Message):
+    __slots__ = ("request_id", "messages", "sampling")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    sampling: _sampling_pb2.SamplingParams
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class ChatCompletion(_message.Message):
+    __slots__ = ("completion", "text")
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    completion: Completion
+    text: str
+    def __init__(self, completion: _Optional[_Union[Completion, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class GenerateChatResponse(_message.Message):
+    __slots__ = ("prompt", "completions")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    prompt: RenderChatResponse
+    completions: _containers.RepeatedCompositeFieldContainer[ChatCompletion]
+    def __init__(self, prompt: _Optional[_Union[RenderChatResponse, _Mapping]] = ..., completions: _Optional[_Iterable[_Union[ChatCompletion, _Mapping]]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("token_ids", "skip_special_tokens")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    skip_special_tokens: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ()

@@ -27,7 +27,10 @@ if _version_not_supported:
 
 
 class InferenceServiceStub:
-    """Token-in/token-out generation with the live policy.
+    """Token-in/token-out generation with the live policy, and a text-level path for callers
+    without the model's tokenizer (GenerateChat, RenderChat, Tokenize, Detokenize): they get
+    back every token id training needs, rendered in the tokenizer this replica reports
+    (GetInferenceStatusResponse.tokenizer).
     """
 
     def __init__(self, channel):
@@ -40,6 +43,26 @@ class InferenceServiceStub:
                 '/rlrun.v1.InferenceService/Generate',
                 request_serializer=rlrun_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=rlrun_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.GenerateChat = channel.unary_unary(
+                '/rlrun.v1.InferenceService/GenerateChat',
+                request_serializer=rlrun_dot_v1_dot_inference__pb2.GenerateChatRequest.SerializeToString,
+                response_deserializer=rlrun_dot_v1_dot_inference__pb2.GenerateChatResponse.FromString,
+                _registered_method=True)
+        self.RenderChat = channel.unary_unary(
+                '/rlrun.v1.InferenceService/RenderChat',
+                request_serializer=rlrun_dot_v1_dot_inference__pb2.RenderChatRequest.SerializeToString,
+                response_deserializer=rlrun_dot_v1_dot_inference__pb2.RenderChatResponse.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/rlrun.v1.InferenceService/Tokenize',
+                request_serializer=rlrun_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=rlrun_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/rlrun.v1.InferenceService/Detokenize',
+                request_serializer=rlrun_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=rlrun_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
         self.Score = channel.unary_unary(
                 '/rlrun.v1.InferenceService/Score',
@@ -69,11 +92,43 @@ class InferenceServiceStub:
 
 
 class InferenceServiceServicer:
-    """Token-in/token-out generation with the live policy.
+    """Token-in/token-out generation with the live policy, and a text-level path for callers
+    without the model's tokenizer (GenerateChat, RenderChat, Tokenize, Detokenize): they get
+    back every token id training needs, rendered in the tokenizer this replica reports
+    (GetInferenceStatusResponse.tokenizer).
     """
 
     def Generate(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateChat(self, request, context):
+        """Chat messages in; the rendered prompt's token ids (per message), and per completion its
+        token ids, logprobs, text and finish reason out. Same sampling and errors as Generate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenderChat(self, request, context):
+        """Chat messages to token ids in the model's chat format, one delta per message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Text to token ids (no chat format: no headers, no end token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Token ids to text.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -119,6 +174,26 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     request_deserializer=rlrun_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=rlrun_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
             ),
+            'GenerateChat': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateChat,
+                    request_deserializer=rlrun_dot_v1_dot_inference__pb2.GenerateChatRequest.FromString,
+                    response_serializer=rlrun_dot_v1_dot_inference__pb2.GenerateChatResponse.SerializeToString,
+            ),
+            'RenderChat': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenderChat,
+                    request_deserializer=rlrun_dot_v1_dot_inference__pb2.RenderChatRequest.FromString,
+                    response_serializer=rlrun_dot_v1_dot_inference__pb2.RenderChatResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=rlrun_dot_v1_dot_inference__pb2.TokenizeRequest.FromString,
+                    response_serializer=rlrun_dot_v1_dot_inference__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=rlrun_dot_v1_dot_inference__pb2.DetokenizeRequest.FromString,
+                    response_serializer=rlrun_dot_v1_dot_inference__pb2.DetokenizeResponse.SerializeToString,
+            ),
             'Score': grpc.unary_unary_rpc_method_handler(
                     servicer.Score,
                     request_deserializer=rlrun_dot_v1_dot_inference__pb2.ScoreRequest.FromString,
@@ -153,7 +228,10 @@ def add_InferenceServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class InferenceService:
-    """Token-in/token-out generation with the live policy.
+    """Token-in/token-out generation with the live policy, and a text-level path for callers
+    without the model's tokenizer (GenerateChat, RenderChat, Tokenize, Detokenize): they get
+    back every token id training needs, rendered in the tokenizer this replica reports
+    (GetInferenceStatusResponse.tokenizer).
     """
 
     @staticmethod
@@ -173,6 +251,114 @@ class InferenceService:
             '/rlrun.v1.InferenceService/Generate',
             rlrun_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             rlrun_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateChat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlrun.v1.InferenceService/GenerateChat',
+            rlrun_dot_v1_dot_inference__pb2.GenerateChatRequest.SerializeToString,
+            rlrun_dot_v1_dot_inference__pb2.GenerateChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenderChat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlrun.v1.InferenceService/RenderChat',
+            rlrun_dot_v1_dot_inference__pb2.RenderChatRequest.SerializeToString,
+            rlrun_dot_v1_dot_inference__pb2.RenderChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlrun.v1.InferenceService/Tokenize',
+            rlrun_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+            rlrun_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlrun.v1.InferenceService/Detokenize',
+            rlrun_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+            rlrun_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

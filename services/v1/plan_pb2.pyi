@@ -48,8 +48,24 @@ class PlanTarget(_message.Message):
     sampling: _sampling_pb2.SamplingParams
     def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[MemberRole, str]] = ..., model: _Optional[_Union[ModelEndpoint, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
+class TokenizerInfo(_message.Message):
+    __slots__ = ("name", "sha256", "vocab_size", "stop_token_ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sha256: str
+    vocab_size: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., vocab_size: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class GenerationPlan(_message.Message):
-    __slots__ = ("targets",)
+    __slots__ = ("targets", "tokenizer", "text_addresses")
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     targets: _containers.RepeatedCompositeFieldContainer[PlanTarget]
-    def __init__(self, targets: _Optional[_Iterable[_Union[PlanTarget, _Mapping]]] = ...) -> None: ...
+    tokenizer: TokenizerInfo
+    text_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, targets: _Optional[_Iterable[_Union[PlanTarget, _Mapping]]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., text_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
