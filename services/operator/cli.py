@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve kopf's liveness probe on http://0.0.0.0:PORT/healthz; 0 = off (default: 8080)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=9090,
+        help="serve the operator's Prometheus metrics on http://0.0.0.0:PORT/metrics; 0 = off (default: 9090)",
+    )
+    parser.add_argument(
         "--status-interval",
         type=float,
         default=float(os.environ.get("RLRUN_STATUS_INTERVAL", "10")),
@@ -93,6 +99,10 @@ def main(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     options = options_from_args(args)
+    if args.metrics_port:
+        from rlrun.common.metrics import start_metrics_server
+
+        start_metrics_server(args.metrics_port, host="0.0.0.0", registry=options.metrics.registry)
     settings = configure_settings(kopf.OperatorSettings(), options)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     namespaces = list(args.namespace)

@@ -1,14 +1,15 @@
 """kopf handlers for RLRun, kept thin: every decision lives in `reconcile` and `status`.
 
-- create / update / resume: apply the desired objects (create what is missing, merge-patch what
-  changed, delete what is no longer wanted), read the restarts of the run's pods and write the
-  status;
+- create / update / resume: server-side apply the desired objects (what is missing or changed),
+  delete what is no longer wanted, read the run's pods (restarts, and why one does not run)
+  and write the status;
 - a timer: the same, plus one `OrchestratorService.GetStatus` call, so drift is repaired and
   phase, step, policy version and reward stay current; it also enforces
   `ttlSecondsAfterFinished`;
 - delete: removes the children (owner references would too, through the garbage collector),
   then kopf releases the finalizer `rlrun.dev/finalizer`;
-- a liveness probe (`rlrun operator --liveness-port`).
+- a liveness probe (`rlrun operator --liveness-port`); every pass is counted and timed in the
+  operator's metrics (`rlrun.operator.metrics`), with each run's phase.
 
 `build_registry(options)` returns a fresh registry, so tests run the real handlers against an
 API emulator with a stand-in orchestrator.
@@ -28,16 +29,17 @@ from typing import Any
 import kopf
 
 from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
+from rlrun.operator.metrics import OperatorMetrics
 from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
 from rlrun.operator.status import (
     TERMINAL,
     Observation,
     OrchestratorReport,
-    PodRestarts,
+    PodState,
     build_status,
     is_finished,
-    pod_restarts,
+    pod_state,
     status_patch,
     transition_events,
     ttl_expired,
@@ -75,6 +77,8 @@ class OperatorOptions:
     workdir: Path | None = None
     """Where TLS material read from Secrets is written for the status client."""
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    """What `rlrun operator --metrics-port` serves."""
 
 
 def configure_settings(settings: kopf.OperatorSettings, options: OperatorOptions) -> kopf.OperatorSettings:
@@ -158,16 +162,24 @@ def _client_options(runtime: _Runtime, namespace: str, spec: Any) -> Any:
     return client_options(runtime.options.status_timeout_s, tls, token, key, runtime.options.workdir)
 
 
-def _pods(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> list[PodRestarts] | None:
-    """The restarts of the run's pods; None when they cannot be listed (the status then keeps
-    the previous counts rather than failing the whole sync)."""
+def _pods(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> list[PodState] | None:
+    """The states of the run's pods; None when they cannot be listed (the status then keeps
+    the previous restarts rather than failing the whole sync). The namespace's pod Events are
+    read only while some pod is Pending, the one case where they hold the reason."""
     meta = run["metadata"]
+    kube = runtime.kube
     try:
-        pods = runtime.kube.list("v1", "Pod", meta["namespace"], {RUN_LABEL: meta["name"]})
+        pods = kube.list("v1", "Pod", meta["namespace"], {RUN_LABEL: meta["name"]})
     except KubeError as error:
         logger.warning("cannot list the run's pods: %s", error)
         return None
-    return [state for state in map(pod_restarts, pods) if state is not None]
+    events: list[dict[str, Any]] = []
+    if any((pod.get("status") or {}).get("phase", "Pending") == "Pending" for pod in pods):
+        try:
+            events = kube.list("v1", "Event", meta["namespace"], {}, fields={"involvedObject.kind": "Pod"})
+        except KubeError as error:
+            logger.warning("cannot list the namespace's events: %s", error)
+    return [state for state in (pod_state(pod, events) for pod in pods) if state is not None]
 
 
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
@@ -178,7 +190,16 @@ def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]
 
 
 async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.Logger, poll: bool) -> None:
-    """One reconcile pass; writes the whole status through `patch`."""
+    """One reconcile pass (counted and timed in the operator's metrics); writes the whole
+    status through `patch`."""
+    handler = "status" if poll else "reconcile"
+    with runtime.options.metrics.timed(handler):
+        await _sync(runtime, body, patch, logger, poll, handler)
+
+
+async def _sync(
+    runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.Logger, poll: bool, handler: str
+) -> None:
     options = runtime.options
     run = _plain(body)
     meta, previous = run["metadata"], run["status"]
@@ -214,8 +235,11 @@ async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.
             kopf.event(body, type="Normal", reason="Reconciled", message=summary[:1000])
         for failure in result.failed:
             kopf.event(body, type="Warning", reason="ApplyFailed", message=failure[:1000])
+        if result.failed:
+            options.metrics.error(handler, "apply")
     else:
         logger.warning("invalid RLRun: %s", state.error)
+        options.metrics.error(handler, "invalid_spec")
 
     pods = await asyncio.to_thread(_pods, runtime, run, logger)
     now = options.clock()
@@ -231,6 +255,7 @@ async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.
         pods=pods,
     )
     new = build_status(previous, observation)
+    options.metrics.set_phase(meta["namespace"], meta["name"], new["phase"])
     for kind, reason, message in transition_events(previous, new):
         kopf.event(body, type=kind, reason=reason, message=message[:1000])
     for key, value in status_patch(previous, new).items():
@@ -279,10 +304,12 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
     @kopf.on.delete(*resource, registry=registry, id="cleanup")
     async def cleanup(body: Any, logger: logging.Logger, **_: Any) -> None:
         meta = body.get("metadata") or {}
-        result = await asyncio.to_thread(
-            prune_objects, runtime.kube, meta["name"], meta["namespace"], meta["uid"], []
-        )
+        with options.metrics.timed("cleanup"):
+            result = await asyncio.to_thread(
+                prune_objects, runtime.kube, meta["name"], meta["namespace"], meta["uid"], []
+            )
         runtime.runs.discard((meta.get("namespace"), meta.get("name")))
+        options.metrics.forget(meta.get("namespace"), meta.get("name"))
         if result.deleted:
             logger.info("deleted %s", ", ".join(result.deleted))
 

@@ -2,11 +2,16 @@
 apply/prune steps of a reconcile.
 
 Objects are plain dicts. Paths are built from (apiVersion, kind) for the few kinds the operator
-touches, so no discovery round trips are needed. Updates are JSON merge patches. An object is
-patched when the hash of its desired form (kept in the annotation `rlrun.dev/applied-hash`)
-changed, or when someone edited a field the operator sets (the desired object is no longer a
-subset of the live one; the fields the API server defaults are extra and do not count, and
-resource quantities compare by value, so "1" and 1 or "500m" and "0.5" are equal).
+touches, so no discovery round trips are needed. Objects are written by server-side apply, one
+field manager per component (`rlrun-operator/<component>`), with force: the live object then
+holds exactly the desired fields, and a field the RLRun no longer asks for (a nodeSelector, a
+priorityClassName, the Kueue queue label) leaves it, which a merge patch never does. Two
+passes that race (kopf's status timer beside an update handler) both succeed, where a create
+would answer 409 to the second. An object is applied when it is missing, when the hash of its
+desired form (kept in the annotation `rlrun.dev/applied-hash`) changed, or when someone edited a
+field the operator sets (the desired object is no longer a subset of the live one; the fields
+the API server defaults are extra and do not count, and resource quantities compare by value,
+so "1" and 1 or "500m" and "0.5" are equal).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from rlrun.operator.reconcile import OWNED_KINDS, RUN_LABEL, content_hash, objec
 log = logging.getLogger("rlrun.operator.kube")
 
 APPLIED_HASH = "rlrun.dev/applied-hash"
+FIELD_MANAGER = "rlrun-operator"
 PLURALS = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
@@ -57,6 +63,19 @@ def resource_path(
     if subresource:
         path += f"/{subresource}"
     return path
+
+
+def _field(item: dict[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        item = item.get(key) if isinstance(item, dict) else None
+    return item
+
+
+def _matches(item: dict[str, Any], labels: dict[str, str], fields: dict[str, str]) -> bool:
+    own = (item.get("metadata") or {}).get("labels") or {}
+    return all(own.get(k) == v for k, v in labels.items()) and all(
+        _field(item, path) == value for path, value in fields.items()
+    )
 
 
 class Kube:
@@ -106,22 +125,22 @@ class Kube:
             raise
 
     def list(
-        self, api_version: str, kind: str, namespace: str, label_selector: dict[str, str]
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        label_selector: dict[str, str],
+        fields: dict[str, str] | None = None,
     ) -> list[dict[str, Any]]:
-        selector = ",".join(f"{k}={v}" for k, v in label_selector.items())
-        result = self._call(
-            "GET", resource_path(api_version, kind, namespace), query={"labelSelector": selector}
-        )
+        query = {}
+        if label_selector:
+            query["labelSelector"] = ",".join(f"{k}={v}" for k, v in label_selector.items())
+        if fields:
+            query["fieldSelector"] = ",".join(f"{k}={v}" for k, v in fields.items())
+        result = self._call("GET", resource_path(api_version, kind, namespace), query=query)
         items = (result or {}).get("items") or []
-        # The selector is applied here too (some API emulators ignore it).
-        return [
-            item
-            for item in items
-            if all(
-                ((item.get("metadata") or {}).get("labels") or {}).get(k) == v
-                for k, v in label_selector.items()
-            )
-        ]
+        # The selectors are applied here too (some API emulators ignore them).
+        return [item for item in items if _matches(item, label_selector, fields or {})]
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
@@ -138,6 +157,19 @@ class Kube:
     ) -> dict[str, Any]:
         path = resource_path(api_version, kind, namespace, name, subresource)
         return self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    def apply(self, obj: dict[str, Any], manager: str) -> dict[str, Any]:
+        """Server-side apply of `obj` as `manager` (force: the operator's word wins)."""
+        meta = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        # JSON is YAML, so the apply body goes as JSON.
+        return self._call(
+            "PATCH",
+            path,
+            body=obj,
+            query={"fieldManager": manager, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         try:
@@ -200,11 +232,18 @@ def _label(obj: dict[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
+def field_manager(obj: dict[str, Any]) -> str:
+    """The field manager of an object: one per component, so that the fields of each are
+    told apart in `managedFields`."""
+    component = ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component")
+    return f"{FIELD_MANAGER}/{component}" if component else FIELD_MANAGER
+
+
 def apply_objects(
     kube: Kube, desired: list[dict[str, Any]], result: ApplyResult | None = None
 ) -> ApplyResult:
-    """Create what is missing and merge-patch what changed. An object that cannot be patched
-    (e.g. an immutable field) is reported in `failed` and left as it is."""
+    """Server-side apply what is missing or changed. An object the API server refuses (e.g. an
+    immutable field) is reported in `failed` and left as it is."""
     result = result or ApplyResult()
     for obj in desired:
         digest = content_hash(obj)
@@ -215,12 +254,12 @@ def apply_objects(
         try:
             live = kube.get(api_version, kind, namespace, name)
             if live is None:
-                live = kube.create(obj)
+                live = kube.apply(obj, field_manager(obj))
                 result.created.append(_label(obj))
             elif ((live.get("metadata") or {}).get("annotations") or {}).get(
                 APPLIED_HASH
             ) != digest or not is_subset(obj, live):
-                live = kube.patch(api_version, kind, namespace, name, obj)
+                live = kube.apply(obj, field_manager(obj))
                 result.updated.append(_label(obj))
         except KubeError as error:
             log.warning("cannot apply %s: %s", _label(obj), error)

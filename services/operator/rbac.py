@@ -10,17 +10,20 @@ REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("rlrun.dev", "rlruns/status", ("get", "patch")),
     # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
     ("rlrun.dev", "rlruns/finalizers", ("update",)),
-    # The run's children: apply (get, create, merge-patch) and prune (list, delete).
+    # The run's children: server-side apply (get, then patch; create too when the apply
+    # creates the object) and prune (list, delete).
     ("", "configmaps", ("get", "list", "create", "patch", "delete")),
     ("", "services", ("get", "list", "create", "patch", "delete")),
     ("", "persistentvolumeclaims", ("get", "list", "create", "patch", "delete")),
     ("apps", "statefulsets", ("get", "list", "create", "patch", "delete")),
     ("apps", "deployments", ("get", "list", "create", "patch", "delete")),
     ("policy", "poddisruptionbudgets", ("get", "list", "create", "patch", "delete")),
-    # Read only: the status counts the restarts of the run's pods (one list per sync).
+    # Read only: the status counts the restarts of the run's pods and says why one does not
+    # run (one list per sync).
     ("", "pods", ("list",)),
-    # Kubernetes Events on phase and condition transitions.
-    ("", "events", ("create",)),
+    # Kubernetes Events on phase and condition transitions (create); a Pending pod's Events
+    # say why it does not start (list, read only).
+    ("", "events", ("create", "list")),
 ]
 
 SECRET_RULES: list[tuple[str, str, tuple[str, ...]]] = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +113,10 @@ def workload_state(workload: Workload, live: dict[str, Any] | None) -> WorkloadS
 
 
 @dataclass(frozen=True)
-class PodRestarts:
-    """The container restarts of one of the run's pods, and why its latest one stopped."""
+class PodState:
+    """One of the run's pods: its container restarts, why its latest one stopped, and why it
+    is not running when it is not (from the pod's conditions and container states, else from
+    its newest Warning Event)."""
 
     component: str
     pod: str
@@ -122,6 +125,11 @@ class PodRestarts:
     """`lastState.terminated.reason` (OOMKilled, Error, ...) of its latest terminated container."""
     exit_code: int | None = None
     finished_at: str = ""
+    blocked: str = ""
+    """Why it does not run, as Kubernetes says it: Unschedulable, CrashLoopBackOff,
+    ImagePullBackOff, FailedMount, ... ("" while it runs or merely starts)."""
+    detail: str = ""
+    """The message that goes with `blocked`."""
 
 
 _COMPONENT_ORDER = (INFERENCE, MODEL_SERVER, ENV_SERVER, ORCHESTRATOR, TRAINER)
@@ -129,32 +137,96 @@ _RESUMES = {
     TRAINER: "The trainer resumes from its newest complete checkpoint.",
     ORCHESTRATOR: "The orchestrator resumes from the state saved with the trainer's checkpoint.",
 }
+_STARTING = ("ContainerCreating", "PodInitializing")
+"""Waiting reasons of a container that is on its way: nothing to explain."""
 
 
-def pod_restarts(pod: dict[str, Any]) -> PodRestarts | None:
-    """Restarts of one live Pod (None for a pod that is none of the run's components)."""
+def _last_termination(containers: list[dict[str, Any]]) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+    for container in containers:
+        terminated = (container.get("lastState") or {}).get("terminated") or {}
+        if terminated and str(terminated.get("finishedAt") or "") >= str(last.get("finishedAt") or ""):
+            last = terminated
+    return last
+
+
+def _why(terminated: dict[str, Any]) -> str:
+    why = str(terminated.get("reason") or "unknown reason")
+    if terminated.get("exitCode") is not None:
+        why += f", exit code {terminated['exitCode']}"
+    return why
+
+
+def _container_blocked(containers: list[dict[str, Any]]) -> tuple[str, str]:
+    """(reason, message) of the first container that waits for something other than its start."""
+    for container in containers:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if not reason or reason in _STARTING:
+            continue
+        if reason == "CrashLoopBackOff":
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            message = f"container {container.get('name')} keeps exiting (last: {_why(last)})"
+            if last.get("message"):
+                message += f": {str(last['message']).strip()}"
+            return reason, message
+        return reason, f"container {container.get('name')}: {waiting.get('message') or reason}"
+    return "", ""
+
+
+def _unscheduled(status: dict[str, Any]) -> tuple[str, str]:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("reason") or "Unschedulable"), str(condition.get("message") or "")
+    return "", ""
+
+
+def _newest_warning(pod: str, events: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    mine = [
+        e
+        for e in events
+        if e.get("type") == "Warning"
+        and (e.get("involvedObject") or {}).get("kind") == "Pod"
+        and (e.get("involvedObject") or {}).get("name") == pod
+    ]
+    if not mine:
+        return "", ""
+    newest = max(mine, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return str(newest.get("reason") or ""), str(newest.get("message") or "")
+
+
+def pod_state(pod: dict[str, Any], events: Sequence[dict[str, Any]] = ()) -> PodState | None:
+    """The state of one live Pod, `events` being its namespace's Events (None for a pod that
+    is none of the run's components)."""
     meta = pod.get("metadata") or {}
     component = (meta.get("labels") or {}).get("app.kubernetes.io/component")
     if component not in _COMPONENT_ORDER:
         return None
-    restarts = 0
-    last: dict[str, Any] = {}
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        restarts += int(container.get("restartCount") or 0)
-        terminated = (container.get("lastState") or {}).get("terminated") or {}
-        if terminated and str(terminated.get("finishedAt") or "") >= str(last.get("finishedAt") or ""):
-            last = terminated
-    return PodRestarts(
+    name = str(meta.get("name") or "")
+    status = pod.get("status") or {}
+    containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+    last = _last_termination(status.get("containerStatuses") or [])
+    blocked, detail = _container_blocked(containers)
+    if not blocked:
+        blocked, detail = _unscheduled(status)
+    if not blocked and status.get("phase", "Pending") == "Pending":
+        # Kubelet-side trouble before any container exists (FailedMount, FailedAttachVolume,
+        # FailedCreatePodSandBox) shows in Events only.
+        blocked, detail = _newest_warning(name, events)
+    return PodState(
         component,
-        str(meta.get("name") or ""),
+        name,
         restarts,
         str(last.get("reason") or ""),
         last.get("exitCode"),
         str(last.get("finishedAt") or ""),
+        blocked,
+        detail,
     )
 
 
-def _restarts(pods: list[PodRestarts]) -> tuple[dict[str, int] | None, str]:
+def _restarts(pods: list[PodState]) -> tuple[dict[str, int] | None, str]:
     """(restarts per component, None without pods; what restarted and why, "" if nothing)."""
     counts: dict[str, int] = {}
     for pod in sorted(pods, key=lambda p: _COMPONENT_ORDER.index(p.component)):
@@ -165,9 +237,7 @@ def _restarts(pods: list[PodRestarts]) -> tuple[dict[str, int] | None, str]:
             (p for p in pods if p.component == component and p.restarts),
             key=lambda p: p.finished_at,
         )
-        why = latest.reason or "unknown reason"
-        if latest.exit_code is not None:
-            why += f", exit code {latest.exit_code}"
+        why = _why({"reason": latest.reason, "exitCode": latest.exit_code})
         when = f" at {latest.finished_at}" if latest.finished_at else ""
         count = counts[component]
         parts.append(
@@ -191,7 +261,7 @@ class Observation:
     """Whether the orchestrator was asked this time (False: keep its previous answer)."""
     report: OrchestratorReport | None = None
     poll_error: str | None = None
-    pods: list[PodRestarts] | None = None
+    pods: list[PodState] | None = None
     """The run's pods (None: not observed this time, so the previous restarts are kept)."""
 
 
@@ -233,6 +303,7 @@ def _condition(
     message: str,
     obs: Observation,
 ) -> dict[str, Any]:
+    """A condition; its lastTransitionTime moves only when its status changes."""
     status = "Unknown" if ok is None else ("True" if ok else "False")
     before = previous.get(kind)
     changed = before is None or before.get("status") != status
@@ -248,139 +319,172 @@ def _condition(
     }
 
 
+_CARRIED = (
+    "step",
+    "maxSteps",
+    "policyVersion",
+    "reward",
+    "evalReward",
+    "offPolicyLag",
+    "tokensPerSecond",
+    "groupsDroppedStale",
+    "lastError",
+    "startTime",
+    "completionTime",
+    "lastProgressTime",
+)
+"""Status keys that keep their value until an observation changes them."""
+
+
+def _orchestrator_fields(
+    previous: dict[str, Any], report: OrchestratorReport | None, now: dt.datetime
+) -> dict[str, Any]:
+    """The status keys the orchestrator's answer sets (none without an answer)."""
+    if report is None:
+        return {}
+    fields: dict[str, Any] = dict(
+        step=report.step,
+        maxSteps=report.max_steps,
+        policyVersion=report.policy_version,
+        reward=_finite(report.train_reward),
+        evalReward=_finite(report.eval_reward),
+        offPolicyLag=report.off_policy_lag,
+        tokensPerSecond=_finite(report.tokens_per_s),
+        groupsDroppedStale=report.groups_dropped_stale,
+        lastError=report.last_error or None,
+    )
+    if previous.get("step") is None or report.step > int(previous.get("step") or 0):
+        fields["lastProgressTime"] = timestamp(now)
+    return fields
+
+
+def _times(status: dict[str, Any], phase: str, report: OrchestratorReport | None, now: dt.datetime) -> None:
+    if phase == "Running" and not status.get("startTime"):
+        status["startTime"] = timestamp(now)
+        status["lastProgressTime"] = status.get("lastProgressTime") or timestamp(now)
+    if phase in TERMINAL and report is not None and not status.get("completionTime"):
+        status["completionTime"] = timestamp(now)
+
+
+def _config_condition(obs: Observation) -> tuple[str, bool, str, str]:
+    if obs.error is not None:
+        return ("ConfigValid", False, "InvalidConfig", obs.error)
+    return ("ConfigValid", True, "Valid", "spec and run config are valid")
+
+
+def _blocked_pods(obs: Observation, component: str) -> list[PodState]:
+    # Fixed model servers are inference workloads (InferenceReady) with pods of their own label.
+    components = (INFERENCE, MODEL_SERVER) if component == INFERENCE else (component,)
+    return [p for p in obs.pods or [] if p.component in components and p.blocked]
+
+
+def _component_condition(
+    obs: Observation, kind: str, component: str, phase: str, finished: bool
+) -> tuple[str, bool, str, str]:
+    """Whether a component's workloads are ready; when not, why, as its pods say."""
+    states = [w for w in obs.workloads if w.component == component]
+    if obs.error is not None:
+        return (kind, False, "InvalidConfig", "nothing is deployed")
+    if finished:
+        return (kind, False, "Finished", f"the run {phase.lower()}")
+    if obs.suspended:
+        return (kind, False, "Suspended", "the run is suspended")
+    if not states:
+        return (kind, True, "External", "served outside this run")
+    message = ", ".join(f"{w.name}: {w.ready}/{w.replicas} ready" for w in states)
+    if all(w.is_ready for w in states):
+        return (kind, True, "Ready", message)
+    blocked = _blocked_pods(obs, component)
+    if not blocked:
+        return (kind, False, "NotReady", message)
+    why = "; ".join(f"pod {p.pod}: {p.blocked}: {p.detail}".rstrip(": ") for p in blocked)
+    return (kind, False, blocked[0].blocked, f"{message}; {why}")
+
+
+def _progressing_condition(
+    status: dict[str, Any], phase: str, now: dt.datetime
+) -> tuple[str, bool, str, str]:
+    if phase != "Running":
+        return ("Progressing", False, phase, f"the run is {phase.lower()}")
+    last_progress = parse_timestamp(status.get("lastProgressTime"))
+    if last_progress is not None and now - last_progress >= STALL_AFTER:
+        minutes = int((now - last_progress).total_seconds() // 60)
+        return ("Progressing", False, "Stalled", f"no step progress for {minutes} min")
+    step = status.get("step")
+    message = f"step {step}/{status.get('maxSteps')}" if step is not None else "running"
+    return ("Progressing", True, "StepAdvancing", message)
+
+
+def _degraded_condition(
+    status: dict[str, Any], phase: str, obs: Observation, not_ready: list[tuple[str, str]]
+) -> tuple[str, bool, str, str]:
+    if phase == "Running" and obs.polled and obs.report is None:
+        return (
+            "Degraded",
+            True,
+            "OrchestratorUnreachable",
+            obs.poll_error or "the orchestrator status API does not answer",
+        )
+    if phase == "Running" and not_ready:
+        names = ", ".join(
+            f"{name} ({reason})" if reason != "NotReady" else name for name, reason in not_ready
+        )
+        return ("Degraded", True, "ComponentsNotReady", "not ready: " + names)
+    if phase in ("Running", "Failed") and status.get("lastError"):
+        return ("Degraded", True, "RunError", str(status["lastError"]))
+    if obs.error is not None:
+        return ("Degraded", True, "InvalidConfig", obs.error)
+    return ("Degraded", False, "Healthy", "")
+
+
+def _message(status: dict[str, Any], phase: str, obs: Observation) -> str:
+    if obs.error is not None:
+        return obs.error
+    if phase == "Suspended":
+        return "suspended: pods deleted, storage kept"
+    if phase in TERMINAL:
+        return status.get("lastError") or f"run {phase.lower()} at step {status.get('step')}"
+    if phase == "Running":
+        return f"step {status.get('step')}/{status.get('maxSteps')}"
+    return "waiting for the services to start"
+
+
 def build_status(previous: dict[str, Any] | None, obs: Observation) -> dict[str, Any]:
     """The whole new status (camelCase keys; a None value means "remove the key")."""
     previous = dict(previous or {})
     finished_before = obs.error is None and is_finished(previous)
     phase = _phase(previous, obs, finished_before)
-    status: dict[str, Any] = {
-        key: previous.get(key)
-        for key in (
-            "step",
-            "maxSteps",
-            "policyVersion",
-            "reward",
-            "evalReward",
-            "offPolicyLag",
-            "tokensPerSecond",
-            "groupsDroppedStale",
-            "lastError",
-            "startTime",
-            "completionTime",
-            "lastProgressTime",
-        )
-    }
-    status["phase"] = phase
-    status["observedGeneration"] = obs.generation
     report = obs.report if (obs.polled and not finished_before) else None
-    if report is not None:
-        if previous.get("step") is None or report.step > int(previous.get("step") or 0):
-            status["lastProgressTime"] = timestamp(obs.now)
-        status.update(
-            step=report.step,
-            maxSteps=report.max_steps,
-            policyVersion=report.policy_version,
-            reward=_finite(report.train_reward),
-            evalReward=_finite(report.eval_reward),
-            offPolicyLag=report.off_policy_lag,
-            tokensPerSecond=_finite(report.tokens_per_s),
-            groupsDroppedStale=report.groups_dropped_stale,
-            lastError=report.last_error or None,
-        )
-    if phase == "Running" and not status.get("startTime"):
-        status["startTime"] = timestamp(obs.now)
-        status["lastProgressTime"] = status.get("lastProgressTime") or timestamp(obs.now)
-    if phase in TERMINAL and report is not None and not status.get("completionTime"):
-        status["completionTime"] = timestamp(obs.now)
-
-    before = {c["type"]: c for c in previous.get("conditions") or []}
+    status: dict[str, Any] = {key: previous.get(key) for key in _CARRIED}
+    status.update(phase=phase, observedGeneration=obs.generation)
+    status.update(_orchestrator_fields(previous, report, obs.now))
+    _times(status, phase, report, obs.now)
     finished = finished_before or bool(status.get("completionTime"))
-    conditions = []
-    if obs.error is not None:
-        conditions.append(_condition(before, "ConfigValid", False, "InvalidConfig", obs.error, obs))
-    else:
-        conditions.append(
-            _condition(before, "ConfigValid", True, "Valid", "spec and run config are valid", obs)
-        )
-    not_ready: list[str] = []
+
+    found = [_config_condition(obs)]
+    not_ready: list[tuple[str, str]] = []
     for kind, component in _COMPONENT_CONDITIONS:
-        states = [w for w in obs.workloads if w.component == component]
-        if obs.error is not None:
-            conditions.append(_condition(before, kind, False, "InvalidConfig", "nothing is deployed", obs))
-        elif finished:
-            conditions.append(_condition(before, kind, False, "Finished", f"the run {phase.lower()}", obs))
-        elif obs.suspended:
-            conditions.append(_condition(before, kind, False, "Suspended", "the run is suspended", obs))
-        elif not states:
-            conditions.append(_condition(before, kind, True, "External", "served outside this run", obs))
-        else:
-            ready = all(w.is_ready for w in states)
-            message = ", ".join(f"{w.name}: {w.ready}/{w.replicas} ready" for w in states)
-            conditions.append(_condition(before, kind, ready, "Ready" if ready else "NotReady", message, obs))
-            if not ready:
-                not_ready.append(kind.removesuffix("Ready"))
-
-    last_progress = parse_timestamp(status.get("lastProgressTime"))
-    if phase == "Running":
-        stalled = last_progress is not None and obs.now - last_progress >= STALL_AFTER
-        if stalled:
-            minutes = int((obs.now - last_progress).total_seconds() // 60)
-            conditions.append(
-                _condition(
-                    before, "Progressing", False, "Stalled", f"no step progress for {minutes} min", obs
-                )
-            )
-        else:
-            step = status.get("step")
-            message = f"step {step}/{status.get('maxSteps')}" if step is not None else "running"
-            conditions.append(_condition(before, "Progressing", True, "StepAdvancing", message, obs))
-    else:
-        conditions.append(_condition(before, "Progressing", False, phase, f"the run is {phase.lower()}", obs))
-
-    if phase == "Running" and obs.polled and obs.report is None:
-        degraded = (
-            True,
-            "OrchestratorUnreachable",
-            obs.poll_error or "the orchestrator status API does not answer",
-        )
-    elif phase == "Running" and not_ready:
-        degraded = (True, "ComponentsNotReady", "not ready: " + ", ".join(not_ready))
-    elif phase in ("Running", "Failed") and status.get("lastError"):
-        degraded = (True, "RunError", str(status["lastError"]))
-    elif obs.error is not None:
-        degraded = (True, "InvalidConfig", obs.error)
-    else:
-        degraded = (False, "Healthy", "")
-    conditions.append(_condition(before, "Degraded", *degraded, obs))
+        condition = _component_condition(obs, kind, component, phase, finished)
+        found.append(condition)
+        if not condition[1]:  # only counted while Running, when nothing else makes it False
+            not_ready.append((kind.removesuffix("Ready"), condition[2]))
+    found.append(_progressing_condition(status, phase, obs.now))
+    found.append(_degraded_condition(status, phase, obs, not_ready))
+    before = {c["type"]: c for c in previous.get("conditions") or []}
+    conditions = [_condition(before, *condition, obs) for condition in found]
 
     if obs.pods is not None:
         status["restarts"], restarted = _restarts(obs.pods)
-        conditions.append(
-            _condition(
-                before,
-                "Restarted",
-                bool(restarted),
-                "ContainersRestarted" if restarted else "NoRestarts",
-                restarted or "no container of the run has restarted",
-                obs,
-            )
-        )
+        reason = "ContainersRestarted" if restarted else "NoRestarts"
+        message = restarted or "no container of the run has restarted"
+        conditions.append(_condition(before, "Restarted", bool(restarted), reason, message, obs))
     else:
+        # Pods not observed this time: keep what was seen last.
         status["restarts"] = previous.get("restarts")
         if "Restarted" in before:
             conditions.append(before["Restarted"])
     status["conditions"] = conditions
-
-    if obs.error is not None:
-        status["message"] = obs.error
-    elif phase == "Suspended":
-        status["message"] = "suspended: pods deleted, storage kept"
-    elif phase in TERMINAL:
-        status["message"] = status.get("lastError") or f"run {phase.lower()} at step {status.get('step')}"
-    elif phase == "Running":
-        status["message"] = f"step {status.get('step')}/{status.get('maxSteps')}"
-    else:
-        status["message"] = "waiting for the services to start"
+    status["message"] = _message(status, phase, obs)
     return status
 
 

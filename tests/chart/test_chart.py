@@ -80,8 +80,8 @@ def test_operator_pod_is_restricted_and_speaks_the_cli(label, values):
     # The args are what `rlrun operator` accepts (the image's entrypoint is `rlrun operator`).
     args = build_parser().parse_args(["operator", *container["args"]])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    (port,) = container["ports"]
-    assert port["containerPort"] == args.liveness_port
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"healthz": args.liveness_port, "metrics": args.metrics_port}
     env = {e["name"]: e["value"] for e in container["env"]}
     merged = helm.Chart.load(CHART).merge_values(values)
     assert env["RLRUN_IMAGE_INFERENCE"] == merged["runImages"]["inference"]

@@ -30,7 +30,6 @@ from .monitoring import (
     grouping,
     legend_labels,
     metric_names,
-    one,
     prometheus_binaries,
     queries,
     render,
@@ -297,7 +296,9 @@ def test_monitors_scrape_trainer_rank_0_only_and_label_like_rlrun_local(tmp_path
     from rlrun.common.metrics import start_metrics_server, stop_metrics_server
 
     _, prometheus = prometheus_binaries()
-    monitor = one(render(MONITORING_VALUES), kind)
+    (monitor,) = [
+        o for o in render(MONITORING_VALUES) if o["kind"] == kind and o["metadata"]["name"].endswith("-runs")
+    ]
     endpoint = (monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"])[0]
     meta = "service" if kind == "ServiceMonitor" else "pod"
     registry = CollectorRegistry()
@@ -395,3 +396,37 @@ class run_prometheus:  # noqa: N801 - a context manager
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def test_either_monitor_scrapes_the_operator_metrics_port():
+    objects = render(MONITORING_VALUES)
+    (operator,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = operator["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+
+    def selects(selector, labels):
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    (pod_monitor,) = [
+        o for o in objects if o["kind"] == "PodMonitor" and o["metadata"]["name"].endswith("-operator")
+    ]
+    assert selects(pod_monitor["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    (service_monitor,) = [
+        o for o in objects if o["kind"] == "ServiceMonitor" and o["metadata"]["name"].endswith("-operator")
+    ]
+    (service,) = [
+        o
+        for o in objects
+        if o["kind"] == "Service"
+        and selects(service_monitor["spec"]["selector"]["matchLabels"], o["metadata"]["labels"])
+    ]
+    assert selects(service["spec"]["selector"], pod["metadata"]["labels"])
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", "metrics")]
+    assert [e["port"] for e in service_monitor["spec"]["endpoints"]] == ["metrics"]
+    # The runs' monitors select run objects only, not the operator.
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        (runs,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith("-runs")]
+        assert not selects(runs["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])

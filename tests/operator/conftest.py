@@ -16,13 +16,18 @@ streams watch events, but it is not an API server. This fixture fills in, on eve
   the main resource ignores `status`, for the resources declared with a status subresource;
 - validation of RLRun objects against the CRD's OpenAPI schema (422 Invalid), as the API server
   does with a structural schema (CEL rules are not evaluated);
+- server-side apply (`PATCH` as `application/apply-patch+yaml` with a `fieldManager`): the
+  object is created when missing; each field manager owns the fields it applied last, and a
+  field it owned before and leaves out now is removed unless another manager owns it too.
+  Simplified: every list is owned as a whole (the API server merges keyed lists such as
+  `containers` item by item, which only matters with several managers on one list);
 - `apiVersion` and `kind` (`<Kind>List`) on list responses (kubectl refuses a list without them);
 - discovery: subresources (`rlruns/status`) listed without the short names of their resource
   (KMock copies them, which makes `kubectl get rlr` ambiguous).
 
 Still not emulated, and not needed here: garbage collection through ownerReferences (the
 operator's delete handler removes the children itself, which the test checks), label selectors
-on lists (the operator filters on its side too), strategic merge patch (treated as a merge
+and field selectors on lists (the operator filters on its side too), strategic merge patch (treated as a merge
 patch), Table output for `kubectl get`, and watch resourceVersion resumption.
 """
 
@@ -121,6 +126,46 @@ def _merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _fields(obj: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """The field paths of `obj` as server-side apply owns them: every map key on the way to a
+    value (a list is one field)."""
+    paths = {prefix} if prefix else set()
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            paths |= _fields(value, (*prefix, key))
+    return paths
+
+
+def _without(obj: dict[str, Any], path: tuple[str, ...]) -> None:
+    """Removes the field at `path`, unless it is a map that still holds fields."""
+    node = obj
+    for key in path[:-1]:
+        node = node.get(key)
+        if not isinstance(node, dict):
+            return
+    if not (isinstance(node.get(path[-1]), dict) and node[path[-1]]):
+        node.pop(path[-1], None)
+
+
+def _merge_patch_between(before: Any, after: Any) -> Any:
+    """A merge patch that turns `before` into `after` (None removes a key)."""
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return copy.deepcopy(after)
+    patch = {key: None for key in before if key not in after}
+    for key, value in after.items():
+        if key not in before or before[key] != value:
+            patch[key] = _merge_patch_between(before.get(key), value)
+    return patch
+
+
+def _rewrite(request: Any, **changes: Any) -> Any:
+    """`request` changed in place: KMock finds its reactions by the identity of the request it
+    logged, so a copy (attrs.evolve) would match none."""
+    for name, value in changes.items():
+        object.__setattr__(request, name, value)
+    return request
+
+
 def _crd_validator() -> jsonschema.Validator:
     crd = yaml.safe_load(CRD_PATH.read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -133,6 +178,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _rlrun_schema: Any = attrs.field(factory=_crd_validator, init=False)
+    managed: dict[Any, dict[str, set[tuple[str, ...]]]] = attrs.field(factory=dict, init=False)
+    """(resource, namespace, name) -> field manager -> the field paths it owns."""
+    _applying: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    """One apply at a time: its create-or-patch decision must hold until it is served."""
 
     def declare_resources(self) -> None:
         for (group, version, plural), info in _RESOURCES.items():
@@ -228,7 +277,39 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 entry["categories"] = []
         return result
 
+    def _apply(self, request: Any) -> Any:
+        """A server-side apply turned into the create or merge patch it amounts to."""
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message="fieldManager is required for apply"
+            )
+        key = (request.resource, request.namespace, request.name)
+        applied = copy.deepcopy(request.data)
+        owners = self.managed.setdefault(key, {})
+        current = self._stored(request)
+        if current is None:
+            owners.clear()
+            owners[manager] = _fields(applied)
+            return _rewrite(request, action=kmock.action.CREATE, method="POST", name=None, data=applied)
+        owned_now = _fields(applied)
+        others = set().union(*(paths for m, paths in owners.items() if m != manager))
+        result = copy.deepcopy(current)
+        # Deepest first, so that a map whose fields all go goes too.
+        for path in sorted(owners.get(manager, set()) - owned_now - others, key=len, reverse=True):
+            _without(result, path)
+        result = _merge_patch(result, applied)
+        owners[manager] = owned_now
+        return _rewrite(request, data=_merge_patch_between(current, result))
+
     async def _handle(self, request: Any) -> Any:
+        content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
+        if request.action == kmock.action.UPDATE and content_type.startswith("application/apply-patch"):
+            async with self._applying:
+                return await self._serve(self._apply(request))
+        return await self._serve(request)
+
+    async def _serve(self, request: Any) -> Any:
         if request.resource is not None and isinstance(request.data, dict | list):
             if request.action == kmock.action.CREATE and isinstance(request.data, dict):
                 self._fill_create(request)

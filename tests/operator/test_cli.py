@@ -1,5 +1,6 @@
 """`rlrun operator` as a real process: kubeconfig login, the default API client, the liveness
-endpoint, and a reconcile against the API emulator, then a clean stop on SIGTERM."""
+endpoint, a reconcile against the API emulator, its /metrics scraped by a real Prometheus, then
+a clean stop on SIGTERM."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
             }
         )
     )
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
@@ -61,6 +62,7 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
         "--namespace",
         "default",
         f"--liveness-port={port}",
+        f"--metrics-port={metrics_port}",
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -85,6 +87,7 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
         )
         degraded = {c["type"]: c for c in run["status"]["conditions"]}
         assert degraded["ConfigValid"]["status"] == "True"
+        scraped = await asyncio.to_thread(scrape_with_prometheus, metrics_port, tmp_path)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -93,3 +96,51 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
             process.kill()
             output, _ = await process.communicate()
     assert process.returncode == 0, output.decode()[-3000:]
+    # What a real Prometheus scraped of the operator: the run's phase, and reconcile passes of
+    # both handlers (create, then the status timer), timed, without errors.
+    assert scraped['rlrun_operator_run_phase{phase="Pending"}'] == 1
+    assert scraped['rlrun_operator_run_phase{phase="Running"}'] == 0
+    assert scraped['rlrun_operator_reconciles_total{handler="reconcile"}'] >= 1
+    assert scraped['rlrun_operator_reconciles_total{handler="status"}'] >= 1
+    assert scraped['rlrun_operator_reconcile_duration_seconds_count{handler="status"}'] >= 1
+    assert scraped["rlrun_operator_reconcile_errors_total"] == 0
+
+
+PROMQL = {
+    'rlrun_operator_run_phase{phase="Pending"}': 'rlrun_operator_run_phase{run="reverse-text",namespace="default",phase="Pending"}',
+    'rlrun_operator_run_phase{phase="Running"}': 'rlrun_operator_run_phase{run="reverse-text",namespace="default",phase="Running"}',
+    'rlrun_operator_reconciles_total{handler="reconcile"}': 'rlrun_operator_reconciles_total{handler="reconcile"}',
+    'rlrun_operator_reconciles_total{handler="status"}': 'rlrun_operator_reconciles_total{handler="status"}',
+    'rlrun_operator_reconcile_duration_seconds_count{handler="status"}': 'rlrun_operator_reconcile_duration_seconds_count{handler="status"}',
+    "rlrun_operator_reconcile_errors_total": "sum(rlrun_operator_reconcile_errors_total)",
+}
+
+
+def scrape_with_prometheus(port: int, folder: Path) -> dict[str, float]:
+    """Runs a real Prometheus scraping the operator's /metrics every second; once every query
+    of PROMQL answers, returns their values."""
+    import time
+    import urllib.parse
+
+    from ..chart.monitoring import prometheus_binaries
+    from ..chart.test_monitoring import get_json, run_prometheus
+
+    _, prometheus = prometheus_binaries()
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "operator", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+    }
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    web = f"127.0.0.1:{free_port()}"
+    with run_prometheus(prometheus, folder, web):
+        deadline = time.monotonic() + 30
+        while True:
+            values = {}
+            for key, query in PROMQL.items():
+                url = f"http://{web}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+                result = get_json(url)["data"]["result"]
+                if result:
+                    values[key] = float(result[0]["value"][1])
+            if len(values) == len(PROMQL) and values[next(iter(PROMQL))] == 1 or time.monotonic() > deadline:
+                return values
+            time.sleep(0.5)

@@ -392,3 +392,112 @@ async def test_scaling_inference_leaves_trainer_and_orchestrator_running_and_res
     await eventually(
         lambda: stored(k8s, "poddisruptionbudgets", f"{NAME}-inference") is None, message="budget pruned"
     )
+
+
+async def test_fields_removed_from_the_run_leave_its_workloads(
+    k8s, kube, run_operator, orchestrator_stub, eventually
+):
+    """Server-side apply: a nodeSelector, a priorityClassName and the Kueue queue label taken
+    out of the RLRun are taken out of every workload too (a merge patch would leave them)."""
+    await run_operator(
+        status_interval_s=0.2, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
+    )
+    run = copy.deepcopy(SAMPLE)
+    run["spec"].update(
+        placement={"nodeSelector": {"pool": "gpu-a"}},
+        priorityClassName="research-high",
+        queueName="team-a",
+    )
+    await call(kube.create, run)
+
+    def workloads():
+        found = [stored(k8s, plural, name) for _, kind, name in WORKLOADS for plural in [kind.lower() + "s"]]
+        return found if all(found) else None
+
+    def placed(obj):
+        pod = obj["spec"]["template"]["spec"]
+        return (
+            pod.get("nodeSelector"),
+            pod.get("priorityClassName"),
+            obj["metadata"]["labels"].get("kueue.x-k8s.io/queue-name"),
+        )
+
+    def all_placed(expected):
+        async def check():
+            found = workloads()
+            return found is not None and all(placed(obj) == expected for obj in found)
+
+        return check
+
+    await eventually(all_placed(({"pool": "gpu-a"}, "research-high", "team-a")), message="placed")
+    await call(
+        kube.patch,
+        *RLRUN,
+        NS,
+        NAME,
+        {"spec": {"placement": None, "priorityClassName": None, "queueName": None}},
+    )
+    await eventually(all_placed((None, None, None)), message="removed fields left every workload")
+
+
+async def test_why_a_component_does_not_run_is_in_the_conditions(
+    k8s, kube, run_operator, orchestrator_stub, eventually
+):
+    await run_operator(
+        status_interval_s=0.2, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
+    )
+    await call(kube.create, copy.deepcopy(SAMPLE))
+    await eventually(has(k8s, WORKLOADS | KEPT), message="children created")
+    unscheduled, _ = restarted_pod(f"{NAME}-inference-0", "inference", 0)
+    unscheduled_status = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    }
+    looping, looping_status = restarted_pod(f"{NAME}-trainer-0", "trainer", 5)
+    looping_status["containerStatuses"][0].update(
+        ready=False, state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}}
+    )
+    attaching, _ = restarted_pod(f"{NAME}-env-reverse-text-7c9-x", "env-server", 0)
+    attaching_status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    for pod, status in (
+        (unscheduled, unscheduled_status),
+        (looping, looping_status),
+        (attaching, attaching_status),
+    ):
+        await call(kube.create, pod)
+        await call(kube.patch, "v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status")
+    await call(
+        kube.create,
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "multi-attach", "namespace": NS},
+            "type": "Warning",
+            "reason": "FailedAttachVolume",
+            "message": "Multi-Attach error for volume pvc-1",
+            "lastTimestamp": "2025-01-01T12:00:00Z",
+            "involvedObject": {"kind": "Pod", "name": attaching["metadata"]["name"], "namespace": NS},
+        },
+    )
+
+    async def explained():
+        run = stored(k8s, "rlruns", NAME)
+        found = {c["type"]: c for c in (run or {}).get("status", {}).get("conditions", [])}
+        wanted = ("InferenceReady", "TrainerReady", "EnvServersReady")
+        return all(found.get(k, {}).get("reason") not in (None, "NotReady") for k in wanted) and found
+
+    found = await eventually(explained, message="conditions say why")
+    assert found["InferenceReady"]["reason"] == "Unschedulable"
+    assert "0/4 nodes are available: 4 Insufficient nvidia.com/gpu." in found["InferenceReady"]["message"]
+    assert found["TrainerReady"]["reason"] == "CrashLoopBackOff"
+    assert "keeps exiting (last: OOMKilled, exit code 137)" in found["TrainerReady"]["message"]
+    # Scheduled, but stuck before its container: the pod's Warning Event says why.
+    assert found["EnvServersReady"]["reason"] == "FailedAttachVolume"
+    assert "Multi-Attach error for volume pvc-1" in found["EnvServersReady"]["message"]

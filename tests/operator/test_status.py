@@ -10,11 +10,11 @@ from rlrun.operator.reconcile import Workload
 from rlrun.operator.status import (
     Observation,
     OrchestratorReport,
-    PodRestarts,
+    PodState,
     WorkloadState,
     build_status,
     is_finished,
-    pod_restarts,
+    pod_state,
     status_patch,
     transition_events,
     ttl_expired,
@@ -242,28 +242,26 @@ def terminated(reason, code, at):
     return {"terminated": {"reason": reason, "exitCode": code, "finishedAt": at, "startedAt": at}}
 
 
-def test_pod_restarts_sum_containers_and_keep_the_latest_termination():
+def test_pod_state_sums_containers_and_keep_the_latest_termination():
     pod = live_pod(
         "r-trainer-0",
         "trainer",
         (2, terminated("OOMKilled", 137, "2025-01-01T11:50:00Z")),
         (1, terminated("Error", 1, "2025-01-01T11:40:00Z")),
     )
-    assert pod_restarts(pod) == PodRestarts(
-        "trainer", "r-trainer-0", 3, "OOMKilled", 137, "2025-01-01T11:50:00Z"
-    )
+    assert pod_state(pod) == PodState("trainer", "r-trainer-0", 3, "OOMKilled", 137, "2025-01-01T11:50:00Z")
     starting = live_pod("r-inference-0", "inference")
     del starting["status"]
-    assert pod_restarts(starting) == PodRestarts("inference", "r-inference-0", 0)
-    assert pod_restarts(live_pod("x", "someone-else", (4, {}))) is None
+    assert pod_state(starting) == PodState("inference", "r-inference-0", 0)
+    assert pod_state(live_pod("x", "someone-else", (4, {}))) is None
 
 
 PODS = [
-    PodRestarts("inference", "r-inference-0", 1, "Error", 1, "2025-01-01T11:00:00Z"),
-    PodRestarts("inference", "r-inference-1", 0),
-    PodRestarts("env-server", "r-env-5d8f-x", 0),
-    PodRestarts("trainer", "r-trainer-0", 3, "OOMKilled", 137, "2025-01-01T11:50:00Z"),
-    PodRestarts("orchestrator", "r-orchestrator-7c9-y", 0),
+    PodState("inference", "r-inference-0", 1, "Error", 1, "2025-01-01T11:00:00Z"),
+    PodState("inference", "r-inference-1", 0),
+    PodState("env-server", "r-env-5d8f-x", 0),
+    PodState("trainer", "r-trainer-0", 3, "OOMKilled", 137, "2025-01-01T11:50:00Z"),
+    PodState("orchestrator", "r-orchestrator-7c9-y", 0),
 ]
 
 
@@ -278,7 +276,7 @@ def test_restarts_per_component_and_the_restarted_condition():
         "The trainer resumes from its newest complete checkpoint."
     )
     assert conditions(status)["Degraded"] == ("False", "Healthy")  # restarts alone are no fault
-    calm = observe(polled=True, report=report(step=4), pods=[PodRestarts("trainer", "r-trainer-0", 0)])
+    calm = observe(polled=True, report=report(step=4), pods=[PodState("trainer", "r-trainer-0", 0)])
     assert calm["restarts"] == {"trainer": 0}
     assert conditions(calm)["Restarted"] == ("False", "NoRestarts")
     assert observe(suspended=True, workloads=[], pods=[])["restarts"] is None
@@ -293,18 +291,16 @@ def test_unobserved_pods_keep_the_previous_restarts():
 
 
 def test_every_new_restart_posts_one_warning_event():
-    calm = observe(polled=True, report=report(step=4), pods=[PodRestarts("trainer", "r-trainer-0", 0)])
+    calm = observe(polled=True, report=report(step=4), pods=[PodState("trainer", "r-trainer-0", 0)])
     assert transition_events({}, calm) == [("Normal", "Running", "phase None -> Running: step 4/0")]
-    crashed = [PodRestarts("trainer", "r-trainer-0", 1, "Error", 1, "2025-01-01T12:00:30Z")]
+    crashed = [PodState("trainer", "r-trainer-0", 1, "Error", 1, "2025-01-01T12:00:30Z")]
     once = observe(calm, polled=True, report=report(step=4), pods=crashed)
     ((kind, reason, message),) = transition_events(calm, once)
     assert (kind, reason) == ("Warning", "Restarted")
     assert message.startswith("trainer: 1 restart (last r-trainer-0: Error, exit code 1")
     assert transition_events(once, observe(once, polled=True, report=report(step=4), pods=crashed)) == []
     # A pod replaced by a new one counts from 0 again: no event for that.
-    replaced = observe(
-        once, polled=True, report=report(step=4), pods=[PodRestarts("trainer", "r-trainer-0", 0)]
-    )
+    replaced = observe(once, polled=True, report=report(step=4), pods=[PodState("trainer", "r-trainer-0", 0)])
     assert conditions(replaced)["Restarted"] == ("False", "NoRestarts")
     assert transition_events(once, replaced) == []
 
@@ -316,3 +312,114 @@ def test_status_patch_removes_a_component_that_has_no_pods_any_more():
         "restarts": {"inference": 2}
     }
     assert status_patch(previous, {"restarts": None}) == {"restarts": None}
+
+
+def pending_pod(name, component, conditions=(), containers=()):
+    return {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
+        "status": {"phase": "Pending", "conditions": list(conditions), "containerStatuses": list(containers)},
+    }
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+}
+
+
+def crash_looping(name, component):
+    pod = live_pod(name, component, (4, terminated("OOMKilled", 137, "2025-01-01T11:59:00Z")))
+    pod["status"]["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+    }
+    pod["status"]["containerStatuses"][0]["ready"] = False
+    return pod
+
+
+def event(pod, reason, message, at, kind="Warning"):
+    return {
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "lastTimestamp": at,
+        "involvedObject": {"kind": "Pod", "name": pod},
+    }
+
+
+def why(state):
+    return state.blocked, state.detail
+
+
+def test_pod_state_says_why_a_pod_does_not_run():
+    unscheduled = pod_state(pending_pod("r-inference-0", "inference", [UNSCHEDULABLE]))
+    assert (unscheduled.blocked, unscheduled.detail) == (
+        "Unschedulable",
+        "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    )
+    looping = pod_state(crash_looping("r-trainer-0", "trainer"))
+    assert looping.blocked == "CrashLoopBackOff"
+    assert looping.detail == "container c0 keeps exiting (last: OOMKilled, exit code 137)"
+    pulling = pending_pod(
+        "r-env-x",
+        "env-server",
+        [{"type": "PodScheduled", "status": "True"}],
+        [{"name": "env-server", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}],
+    )
+    assert why(pod_state(pulling)) == ("ErrImagePull", "container env-server: not found")
+    # Scheduled but stuck before any container (a volume that does not attach): the newest
+    # Warning Event about the pod says why; other pods' events and Normal events do not count.
+    attaching = pending_pod("r-trainer-1", "trainer", [{"type": "PodScheduled", "status": "True"}])
+    events = [
+        event("r-trainer-1", "FailedMount", "old", "2025-01-01T11:00:00Z"),
+        event(
+            "r-trainer-1", "FailedAttachVolume", "Multi-Attach error for volume pvc-1", "2025-01-01T11:05:00Z"
+        ),
+        event("r-trainer-1", "Scheduled", "assigned", "2025-01-01T11:06:00Z", kind="Normal"),
+        event("r-trainer-0", "FailedMount", "not mine", "2025-01-01T11:07:00Z"),
+    ]
+    assert why(pod_state(attaching, events)) == ("FailedAttachVolume", "Multi-Attach error for volume pvc-1")
+    starting = pending_pod(
+        "r-inference-1",
+        "inference",
+        [{"type": "PodScheduled", "status": "True"}],
+        [{"name": "inference", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+    )
+    assert pod_state(starting).blocked == ""
+    assert pod_state(live_pod("r-inference-2", "inference", (0, {})), events).blocked == ""
+
+
+def test_component_conditions_carry_the_reason_their_pods_give():
+    workloads = [
+        WorkloadState("inference", "r-inference", 1, 2, 2),
+        WorkloadState("env-server", "r-env", 1, 1, 1),
+        WorkloadState("orchestrator", "r-orchestrator", 1, 1, 1),
+        WorkloadState("trainer", "r-trainer", 0, 1, 1),
+    ]
+    pods = [
+        pod_state(live_pod("r-inference-0", "inference", (0, {}))),
+        pod_state(pending_pod("r-inference-1", "inference", [UNSCHEDULABLE])),
+        pod_state(crash_looping("r-trainer-0", "trainer")),
+    ]
+    status = observe(polled=True, report=report(step=2), workloads=workloads, pods=pods)
+    found = {c["type"]: c for c in status["conditions"]}
+    assert (found["InferenceReady"]["status"], found["InferenceReady"]["reason"]) == (
+        "False",
+        "Unschedulable",
+    )
+    assert found["InferenceReady"]["message"] == (
+        "r-inference: 1/2 ready; pod r-inference-1: Unschedulable: "
+        "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    )
+    assert found["TrainerReady"]["reason"] == "CrashLoopBackOff"
+    assert (
+        "pod r-trainer-0: CrashLoopBackOff: container c0 keeps exiting (last: OOMKilled"
+        in (found["TrainerReady"]["message"])
+    )
+    assert found["EnvServersReady"]["reason"] == "Ready"
+    assert found["Degraded"]["message"] == "not ready: Inference (Unschedulable), Trainer (CrashLoopBackOff)"
+    # A model server's pods explain InferenceReady too.
+    model = pod_state(pending_pod("r-model-ref-0", "model-server", [UNSCHEDULABLE]))
+    status = observe(polled=True, report=report(step=2), workloads=workloads[:1] + READY[1:], pods=[model])
+    assert conditions(status)["InferenceReady"] == ("False", "Unschedulable")

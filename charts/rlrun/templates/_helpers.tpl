@@ -77,7 +77,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: ["list"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- if .Values.rbac.readSecrets }}
 - apiGroups: [""]
   resources: ["secrets"]
