@@ -11,6 +11,7 @@ unwritten, so the ConfigMap reads like the user's file.
 from __future__ import annotations
 
 import copy
+import hashlib
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,10 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 TLS_DIR = f"{CONFIG_DIR}/tls"
 AUTH_DIR = f"{CONFIG_DIR}/auth"
 AUTH_FILE = f"{AUTH_DIR}/token"
+CHILD_NAME_MAX = 52
+"""Longest name of a child object. A StatefulSet's pods are `<name>-<ordinal>` and carry the
+label `controller-revision-hash: <name>-<10 characters>`, which must fit a 63-character label
+value; Services, ConfigMaps, PVCs and PodDisruptionBudgets fit too."""
 DEFAULT_ENV_SERVER = ""
 """Key of the env-server the operator adds for environments nobody else hosts."""
 
@@ -46,7 +51,13 @@ class Cluster:
         return f"{pod}.{base}" if pod else base
 
     def child(self, suffix: str) -> str:
-        return f"{self.name}-{suffix}"
+        """`<run>-<suffix>`, cut to CHILD_NAME_MAX characters with a stable hash of the whole
+        name when longer (so two long names that share a prefix stay apart)."""
+        name = f"{self.name}-{suffix}"
+        if len(name) <= CHILD_NAME_MAX:
+            return name
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        return f"{name[: CHILD_NAME_MAX - 9].rstrip('-')}-{digest}"
 
 
 def inference_name(cluster: Cluster) -> str:

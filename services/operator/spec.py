@@ -36,7 +36,8 @@ CONDITION_TYPES = (
 )
 
 MAX_RUN_NAME = 40
-"""Child names append suffixes such as `-inference-12`; pod host names must stay <= 63."""
+"""Child names append suffixes such as `-env-<server>`; those longer than 52 characters are cut
+and hashed (`rlrun.operator.config.Cluster.child`), and the run name itself is a label value."""
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -251,7 +252,8 @@ class StorageSpec(_Model):
     access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
         default=["ReadWriteOnce"], min_length=1, max_length=3
     )
-    """Access modes of the claim. A multi-node trainer needs ReadWriteMany. Default: [ReadWriteOnce]."""
+    """Access modes of the claim (with existingClaim: those of that claim). A trainer on more than
+    one node needs ReadWriteMany; the spec is refused without it. Default: [ReadWriteOnce]."""
 
     existing_claim: str | None = None
     """Use this existing claim instead of creating one (it is never deleted by the operator)."""
@@ -286,6 +288,17 @@ class Secrets(_Model):
     auth_token: TokenSecret | None = None
 
 
+MULTI_NODE_STORAGE_RULE = (
+    "!has(self.trainer) || !has(self.trainer.nodes) || self.trainer.nodes <= 1 || !has(self.storage)"
+    " || (has(self.storage.accessModes) && 'ReadWriteMany' in self.storage.accessModes)"
+)
+MULTI_NODE_STORAGE_MESSAGE = (
+    "a trainer on more than one node mounts the checkpoint volume on every node: "
+    "storage.accessModes must include ReadWriteMany (a ReadWriteOnce volume would leave the "
+    "second pod waiting on Multi-Attach)"
+)
+
+
 class RLRunSpec(_Model):
     """Desired state of an RL post-training run."""
 
@@ -295,7 +308,12 @@ class RLRunSpec(_Model):
                 {
                     "rule": "has(self.config) != has(self.configSpec)",
                     "message": "set exactly one of config and configSpec",
-                }
+                },
+                {
+                    "rule": MULTI_NODE_STORAGE_RULE,
+                    "message": MULTI_NODE_STORAGE_MESSAGE,
+                    "fieldPath": ".storage.accessModes",
+                },
             ]
         }
     )
@@ -344,6 +362,9 @@ class RLRunSpec(_Model):
     def _checks(self) -> RLRunSpec:
         if (self.config is None) == (self.config_spec is None):
             raise ValueError("set exactly one of config and configSpec")
+        if self.trainer.nodes > 1 and self.storage is not None:
+            if "ReadWriteMany" not in self.storage.access_modes:
+                raise SpecError("spec.storage.accessModes", MULTI_NODE_STORAGE_MESSAGE)
         names = [server.name for server in self.env_servers]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -403,6 +424,9 @@ def parse_spec(spec: Any) -> RLRunSpec:
         return RLRunSpec.model_validate(spec)
     except ValidationError as error:
         first = error.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):  # a check across fields that names its own path
+            raise cause from None
         path = ".".join(["spec", *(str(p) for p in first["loc"])])
         message = first["msg"].removeprefix("Value error, ")
         raise SpecError(path, message) from None

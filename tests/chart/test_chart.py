@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rlrun"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 VALUE_SETS = [("default", None)] + [(p.name, yaml.safe_load(p.read_text())) for p in CI_VALUES]
-K8S_VERSION = "1.30.0"
+K8S_VERSIONS = ("1.33.0", "1.37.0")
+"""The oldest Kubernetes the objects must suit, and the newest kubernetes-validate knows."""
 PROMETHEUS_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
@@ -55,7 +56,8 @@ def test_rendered_objects_are_valid(label, values):
         if obj["kind"] in PROMETHEUS_KINDS:
             assert obj["apiVersion"] == "monitoring.coreos.com/v1" and obj["spec"], obj["kind"]
             continue
-        kubernetes_validate.utils.validate(obj, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(obj, version, strict=True)
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rlrun"
 
 
@@ -170,6 +172,7 @@ def test_plain_install_manifest_is_valid_and_complete():
     assert kinds[:2] == ["Namespace", "CustomResourceDefinition"]
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"} <= set(kinds)
     for obj in objects:
-        kubernetes_validate.utils.validate(obj, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(obj, version, strict=True)
     rbac = [doc for doc in yaml.safe_load_all((REPO / "operator" / "rbac.yaml").read_text()) if doc]
     assert [o["kind"] for o in rbac] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]

@@ -34,7 +34,8 @@ from rlrun.operator.reconcile import (
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "operator" / "samples").glob("*.yaml")) + [REPO / "configs" / "k8s" / "rlrun.yaml"]
-K8S_VERSION = "1.30.0"
+K8S_VERSIONS = ("1.33.0", "1.37.0")
+"""The oldest Kubernetes the objects must suit, and the newest kubernetes-validate knows."""
 UID = "0b7c6a4e-1111-4222-8333-944455556666"
 
 BASE_CONFIG = """
@@ -92,7 +93,8 @@ def test_every_rendered_object_passes_kubernetes_validate_strict(path, suspend):
     assert state.error is None, state.error
     assert state.objects
     for obj in state.objects:
-        kubernetes_validate.utils.validate(obj, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(obj, version, strict=True)
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
@@ -679,7 +681,8 @@ def test_disruption_budgets_only_for_workloads_of_several_interchangeable_pods()
     assert set(found) == {"r-inference", "r-env-sorting"}  # not the trainer, orchestrator, r-env
     objs = objects(state)
     for name, budget in found.items():
-        kubernetes_validate.utils.validate(budget, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(budget, version, strict=True)
         workload = objs.get(("StatefulSet", name)) or objs[("Deployment", name)]
         assert budget["spec"]["selector"] == workload["spec"]["selector"]
         assert budget["spec"]["maxUnavailable"] == 1
@@ -687,3 +690,65 @@ def test_disruption_budgets_only_for_workloads_of_several_interchangeable_pods()
         assert budget["metadata"]["ownerReferences"][0]["uid"] == UID
     suspended = make_run(inference={"replicas": 3}, suspend=True)
     assert budgets(desired_state(suspended)) == {}
+
+
+def test_every_child_name_fits_its_limit_and_stays_unique_and_stable():
+    """A 40-character run with a 20-character env-server: `<run>-env-<server>` would be 65
+    characters, which no Service may be; it is cut and hashed."""
+    long_run, server = "r" * 40, "e" * 20
+    config = BASE_CONFIG + '[[orchestrator.train.env]]\nid = "other"\n'
+    spec = {
+        "envServers": [
+            {"name": server, "envs": ["reverse-text"]},
+            {"name": "e" * 19 + "f", "envs": ["other"]},
+        ],
+        "inference": {"replicas": 12},
+        "trainer": {"nodes": 3},
+        "storage": {"size": "1Gi", "accessModes": ["ReadWriteMany"]},
+    }
+    state = desired_state(make_run(name=long_run, config=config, **spec))
+    names = [(o["kind"], o["metadata"]["name"]) for o in state.objects]
+    assert len(set(names)) == len(names)
+    for kind, name in names:
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+        # StatefulSet pods carry `controller-revision-hash: <name>-<10 chars>` (a label value).
+        assert len(name) <= (63 - 11 if kind == "StatefulSet" else 63), (kind, name)
+    env_services = sorted(
+        o["metadata"]["name"]
+        for o in state.objects
+        if o["kind"] == "Service" and o["metadata"]["labels"]["app.kubernetes.io/component"] == "env-server"
+    )
+    assert len(env_services) == 2 and env_services[0] != env_services[1]
+    # The same run renders the same names; the config's addresses use them.
+    again = desired_state(make_run(name=long_run, config=config, **spec))
+    assert [(o["kind"], o["metadata"]["name"]) for o in again.objects] == names
+    toml = state.rendered.toml
+    for service in env_services:
+        assert f"{service}.ns.svc.cluster.local" in toml
+    for obj in state.objects:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("storage", "ok"),
+    [
+        ({"size": "1Gi"}, False),
+        ({"size": "1Gi", "accessModes": ["ReadWriteOnce"]}, False),
+        ({"existingClaim": "shared"}, False),
+        ({"size": "1Gi", "accessModes": ["ReadWriteMany"]}, True),
+        ({"existingClaim": "shared", "accessModes": ["ReadWriteMany"]}, True),
+        (None, True),  # checkpoints in each pod (emptyDir)
+    ],
+)
+def test_a_multi_node_trainer_needs_a_read_write_many_volume(storage, ok):
+    spec = {"trainer": {"nodes": 2}, **({"storage": storage} if storage else {})}
+    state = desired_state(make_run(**spec))
+    if ok:
+        assert state.error is None, state.error
+        return
+    assert state.objects == []
+    assert state.error.path == "spec.storage.accessModes"
+    assert "ReadWriteMany" in state.error_message and "Multi-Attach" in state.error_message
+    one_node = desired_state(make_run(trainer={"nodes": 1}, storage=storage))
+    assert one_node.error is None
