@@ -190,6 +190,9 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
         if target.kind == "inference" and not target.addresses
     ]
 
+    if spec.model is not None:
+        _table(raw, "model")["path"] = spec.model.path
+
     mount = spec.storage.mount_path if spec.storage else "/data"
     raw["output_dir"] = f"{mount.rstrip('/')}/{cluster.name}"
 

@@ -121,6 +121,17 @@ LIVE_CONFIG_KEYS: tuple[ConfigPath, ...] = (("inference", "addresses"),)
 them from the mounted file at run time) or the orchestrator (which reads them when it starts).
 The inference replicas themselves do not read them."""
 
+MODEL_DOWNLOAD = """\
+import os, sys
+from huggingface_hub import snapshot_download
+repo, revision, target = sys.argv[1], sys.argv[2] or None, sys.argv[3]
+snapshot_download(repo, revision=revision, local_dir=target, token=os.environ.get("HF_TOKEN") or None)
+"""
+"""The init container's download (`python -c MODEL_DOWNLOAD ID REVISION DIR`): files already in
+DIR are not fetched again, so only the first pod of a run downloads."""
+MODEL_COMPONENTS = (INFERENCE, MODEL_SERVER, TRAINER)
+"""The components that load the model's weights (and mount spec.model)."""
+
 RANK_READINESS = """\
 import os, socket, sys
 if os.environ["POD_NAME"].rsplit("-", 1)[-1] == "0":
@@ -398,6 +409,12 @@ class _Builder:
                 }
             )
             mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
+        init_containers = []
+        if spec.model is not None and component in MODEL_COMPONENTS:
+            volume, mount, init = self.model_volume(image, mounts)
+            volumes.append(volume)
+            mounts.append(mount)
+            init_containers += init
         container: dict[str, Any] = {
             "name": component,
             "image": image,
@@ -422,7 +439,8 @@ class _Builder:
         }
         pull_policy = spec.images.pull_policy or self.defaults.pull_policy
         if pull_policy:
-            container["imagePullPolicy"] = pull_policy
+            for each in (container, *init_containers):
+                each["imagePullPolicy"] = pull_policy
         container_resources = self.resources(resources, gpus)
         if container_resources:
             container["resources"] = container_resources
@@ -433,6 +451,7 @@ class _Builder:
             "enableServiceLinks": False,
             "securityContext": dict(RESTRICTED_POD),
             "terminationGracePeriodSeconds": grace_s,
+            **({"initContainers": init_containers} if init_containers else {}),
             "containers": [container],
             "volumes": volumes,
             **self.placement(placement, selector, gpus),
@@ -447,6 +466,62 @@ class _Builder:
         return {
             "metadata": {"labels": dict(labels), "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
             "spec": pod_spec,
+        }
+
+    def model_volume(
+        self, image: str, mounts: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        """(volume, read-only mount, init containers) of spec.model. A Hub model gets an init
+        container that downloads it into the run's cache claim, the only writer; `mounts` are
+        the pod's other mounts (it needs /tmp and the cache)."""
+        model = self.spec.model
+        mount: dict[str, Any] = {"name": "model", "mountPath": model.mount_path, "readOnly": True}
+        if model.claim is not None:
+            if model.claim.sub_path:
+                mount["subPath"] = model.claim.sub_path
+            claim = {"claimName": model.claim.claim_name, "readOnly": True}
+            return {"name": "model", "persistentVolumeClaim": claim}, mount, []
+        hub = model.hugging_face
+        env = [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        ]
+        if hub.token is not None:
+            secret = {"name": hub.token.secret_name, "key": hub.token.key}
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": secret}})
+        download = {
+            "name": "model-download",
+            "image": image,
+            "command": ["python", "-c", MODEL_DOWNLOAD],
+            "args": [hub.id, hub.revision or "", model.path],
+            "env": env,
+            "volumeMounts": [
+                *(m for m in mounts if m["name"] in ("tmp", "cache")),
+                {"name": "model", "mountPath": model.mount_path},
+            ],
+            "securityContext": dict(RESTRICTED_CONTAINER),
+        }
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": self.cluster.child("model")}}
+        return volume, mount, [download]
+
+    def model_cache(self) -> dict[str, Any] | None:
+        """The claim a Hub model is downloaded into (kept while the run exists)."""
+        model = self.spec.model
+        if model is None or model.hugging_face is None:
+            return None
+        hub = model.hugging_face
+        spec: dict[str, Any] = {
+            "accessModes": list(hub.cache_access_modes),
+            "resources": {"requests": {"storage": hub.cache_size}},
+        }
+        if hub.cache_storage_class_name:
+            spec["storageClassName"] = hub.cache_storage_class_name
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": self.metadata(self.cluster.child("model"), self.labels("model")),
+            "spec": spec,
         }
 
     def serve_args(self, service: str) -> list[str]:
@@ -832,9 +907,9 @@ def desired_state(
     state.spec, state.rendered = spec, rendered
     builder = _Builder(run, spec, rendered, defaults)
     with_workloads = not (spec.suspend or finished)
-    pvc = builder.pvc()
-    if pvc is not None:
-        state.objects.append(pvc)
+    for claim in (builder.pvc(), builder.model_cache()):
+        if claim is not None:
+            state.objects.append(claim)
     state.objects.append(builder.config_map())
     builder.inference(state, with_workloads)
     builder.model_servers(state, with_workloads)

@@ -268,6 +268,82 @@ class StorageSpec(_Model):
         return self
 
 
+class ModelClaim(_Model):
+    """A model already on a PersistentVolumeClaim in the run's namespace."""
+
+    claim_name: str = Field(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    sub_path: str = Field("", max_length=1024, pattern=r"^([^/.][^/]*(/[^/]+)*)?$")
+    """The checkpoint directory inside the claim (relative, no `..`). Default: its root."""
+
+
+class SecretKey(_Model):
+    secret_name: str = Field(max_length=253)
+    key: str = "token"
+    """Key in the Secret. Default: token."""
+
+
+class HubModel(_Model):
+    """A model downloaded from the Hugging Face Hub (huggingface_hub) by an init container of
+    each pod that needs it, into a cache claim the run owns: the first pod downloads, the others
+    find the files there (the download skips what is present)."""
+
+    id: str = Field(max_length=200, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$")
+    """The repository id, e.g. Qwen/Qwen3-0.6B."""
+
+    revision: str | None = Field(None, max_length=255)
+    """A branch, tag or commit. Default: main."""
+
+    token: SecretKey | None = None
+    """A Secret holding a Hub token (gated or private models). Only the init container reads it."""
+
+    cache_size: str = Field(pattern=QUANTITY)
+    """Size of the cache claim `<run>-model`, e.g. 50Gi."""
+
+    cache_storage_class_name: str | None = None
+    """StorageClass of the cache claim. Default: the cluster's default class."""
+
+    cache_access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
+        default=["ReadWriteMany"], min_length=1, max_length=3
+    )
+    """Access modes of the cache claim; pods on several nodes need ReadWriteMany.
+    Default: [ReadWriteMany]."""
+
+
+class ModelSource(_Model):
+    """Where the model comes from. Inference, model-server and trainer pods mount it read-only
+    at `mountPath`, and the run file's `model.path` points there. A model baked into the images
+    needs none of this: set `model.path` in the config to its directory in the image."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.claim) != has(self.huggingFace)",
+                    "message": "set exactly one of claim and huggingFace",
+                }
+            ]
+        }
+    )
+
+    claim: ModelClaim | None = None
+    hugging_face: HubModel | None = None
+    mount_path: str = Field("/models", pattern=r"^/[^.]*$", max_length=1024)
+    """Where the model is mounted. Default: /models."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.claim is None) == (self.hugging_face is None):
+            raise ValueError("set exactly one of claim and huggingFace")
+        return self
+
+    @property
+    def path(self) -> str:
+        """The checkpoint directory in the pods (the run file's `model.path`)."""
+        if self.hugging_face is not None:
+            return f"{self.mount_path.rstrip('/')}/{self.hugging_face.id}"
+        return self.mount_path
+
+
 class TlsSecret(_Model):
     """A Secret with `tls.crt`, `tls.key` and `ca.crt`, mounted into every service; the run
     config's `grpc.tls.cert/key/ca` point at it."""
@@ -325,6 +401,10 @@ class RLRunSpec(_Model):
     """The run configuration as a structured object (the TOML's tables as YAML)."""
 
     images: Images = Images()
+    model: ModelSource | None = None
+    """Where the model's weights come from (a claim or the Hugging Face Hub). Default: what the
+    run config's [model] says, inside the images."""
+
     inference: InferenceSpec = InferenceSpec()
     trainer: TrainerSpec = TrainerSpec()
 

@@ -752,3 +752,95 @@ def test_a_multi_node_trainer_needs_a_read_write_many_volume(storage, ok):
     assert "ReadWriteMany" in state.error_message and "Multi-Attach" in state.error_message
     one_node = desired_state(make_run(trainer={"nodes": 1}, storage=storage))
     assert one_node.error is None
+
+
+MODEL_CONFIG = BASE_CONFIG + '[orchestrator.models.ref]\nkind = "inference"\n'
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"claim": {"claimName": "weights", "subPath": "qwen3-8b"}, "mountPath": "/models/qwen3"},
+        {
+            "huggingFace": {
+                "id": "Qwen/Qwen3-0.6B",
+                "revision": "main",
+                "token": {"secretName": "hf", "key": "hf-token"},
+                "cacheSize": "20Gi",
+            }
+        },
+    ],
+    ids=["claim", "hub"],
+)
+def test_every_pod_that_loads_the_model_mounts_it_read_only_at_the_same_path(model):
+    state = desired_state(
+        make_run(config=MODEL_CONFIG, model=model, trainer={"nodes": 2}, inference={"replicas": 4})
+    )
+    assert state.error is None, state.error
+    path = rendered(state)["model"]["path"]
+    mount_path = model.get("mountPath", "/models")
+    assert path == (mount_path if "claim" in model else "/models/Qwen/Qwen3-0.6B")
+    loaders = set()
+    for obj in state.objects:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(obj, version, strict=True)
+        if obj["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = pod(obj)
+        mounts = [m for m in container(obj)["volumeMounts"] if m["name"] == "model"]
+        if component in ("env-server", "orchestrator"):
+            assert mounts == [] and "initContainers" not in spec
+            continue
+        loaders.add(component)
+        (mount,) = mounts
+        assert mount["mountPath"] == mount_path and mount["readOnly"] is True
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "model"]
+        if "claim" in model:
+            assert mount["subPath"] == "qwen3-8b"
+            assert volume["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+            assert "initContainers" not in spec
+        else:
+            assert volume["persistentVolumeClaim"]["claimName"] == "r-model"
+            (init,) = spec["initContainers"]
+            assert init["args"] == ["Qwen/Qwen3-0.6B", "main", path]
+            assert {"name": "model", "mountPath": mount_path} in init["volumeMounts"]  # the one writer
+            token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "hf-token"}}}
+            assert token in init["env"] and token not in container(obj)["env"]
+    assert loaders == {"inference", "model-server", "trainer"}
+    claims = {o["metadata"]["name"] for o in state.objects if o["kind"] == "PersistentVolumeClaim"}
+    assert ("r-model" in claims) == ("huggingFace" in model)
+
+
+def test_the_model_download_fetches_into_the_mounted_directory(tmp_path, monkeypatch):
+    """The init container's script, run against a stand-in `snapshot_download` (nothing may
+    reach the Hub): it downloads the named repository and revision into the model path, with
+    the token from the Secret's variable."""
+    import types
+
+    from rlrun.operator.reconcile import MODEL_DOWNLOAD
+
+    calls = []
+    fake = types.ModuleType("huggingface_hub")
+    fake.snapshot_download = lambda repo, **kwargs: calls.append((repo, kwargs))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setattr(sys, "argv", ["-c", "Qwen/Qwen3-0.6B", "", str(tmp_path / "m")])
+    exec(compile(MODEL_DOWNLOAD, "MODEL_DOWNLOAD", "exec"), {})
+    assert calls == [
+        ("Qwen/Qwen3-0.6B", {"revision": None, "local_dir": str(tmp_path / "m"), "token": "hf_secret"})
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "where"),
+    [
+        ({}, "exactly one of claim and huggingFace"),
+        ({"claim": {"claimName": "w", "subPath": "../x"}}, "spec.model.claim.subPath"),
+        ({"huggingFace": {"id": "not a repo", "cacheSize": "1Gi"}}, "spec.model.huggingFace.id"),
+        ({"huggingFace": {"id": "a/b"}}, "spec.model.huggingFace.cacheSize"),
+    ],
+)
+def test_bad_model_sources_are_refused_naming_the_field(model, where):
+    state = desired_state(make_run(model=model))
+    assert state.objects == [] and where in state.error_message
