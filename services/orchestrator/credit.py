@@ -76,6 +76,13 @@ class CreditPipelines:
             if owned_run:
                 pipeline.append(EnvOwnedAlgorithms(spec.env_id, owned_run, run_algorithms))
                 owned_run = []
+            if cls.needs_members and not spec.members:
+                raise ConfigError(
+                    spec.where,
+                    f"algorithm {algorithm_id!r} keeps one baseline per member, but env {spec.env!r} is "
+                    "single-agent (it reports no members); use it with a multi-agent env and "
+                    "orchestrator.members, or pick a single-agent algorithm such as grpo",
+                )
             if spec.members and not cls.handles_members:
                 raise ConfigError(
                     spec.where,

@@ -53,6 +53,8 @@ class Algorithm(abc.ABC):
     Args: ClassVar[type[AlgorithmArgs]] = AlgorithmArgs
     handles_members: ClassVar[bool] = False
     """Whether it is defined for multi-agent groups (per-member traces)."""
+    needs_members: ClassVar[bool] = False
+    """Whether it is defined only for multi-agent groups (a single-agent env is refused)."""
 
     def __init__(self, args: dict[str, Any], deps: AlgorithmDeps):
         try:

@@ -55,6 +55,9 @@ class EmaPerMember(GroupCredit):
     name = "ema_per_member"
     Args = EmaPerMemberArgs
     handles_members = True  # a baseline per member: each seat is measured against itself
+    # On a single-agent env it would silently be a per-task EMA baseline, which is not what a
+    # config naming it asks for (the seed refuses it at startup too).
+    needs_members = True
 
     def __init__(self, args: dict[str, Any], deps):
         super().__init__(args, deps)

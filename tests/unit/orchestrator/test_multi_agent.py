@@ -239,6 +239,16 @@ def test_an_algorithm_that_cannot_handle_members_fails_at_startup_naming_both():
     assert [a.name for a in pipelines().pipelines["debate"]] == ["ema_per_member"]
 
 
+def test_ema_per_member_on_a_single_agent_env_fails_at_startup_naming_both():
+    with pytest.raises(ConfigError) as caught:
+        pipelines(members=())
+    assert caught.value.path == "orchestrator.algorithms"
+    assert (
+        "algorithm 'ema_per_member' keeps one baseline per member, but env 'debate' is single-agent"
+        in str(caught.value)
+    )
+
+
 # -- the eval's win rate ------------------------------------------------------------------------------
 
 
