@@ -3,15 +3,84 @@
 The socket is bound before uvicorn starts, so the port (0 = OS-assigned) is known at once.
 uvicorn's own signal capture is turned off: the gRPC server owns SIGTERM and shuts this
 server down as part of the service's cleanup.
+
+With an API key (`inference.api_key_file`) every request must carry `Authorization: Bearer
+<key>`, as vLLM's `--api-key` asks; /health and /metrics stay open, so that probes and scrapes
+need no credentials (they disclose no generations and change nothing). With a certificate and
+key (`inference.http_tls_cert` / `http_tls_key`) it serves HTTPS.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import json
 import socket
+from pathlib import Path
+from typing import Any
 
 import uvicorn
+
+from rlrun.common.grpc_server import read_token_file
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""Paths served without the API key."""
+
+
+class ApiKeyMiddleware:
+    """ASGI middleware: a request without `Authorization: Bearer <api_key>` gets 401 with an
+    OpenAI-style error body (the `openai` client raises AuthenticationError on it)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        if not api_key.strip():
+            raise ValueError("the API key must not be blank")
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = [value for name, value in scope["headers"] if name == b"authorization"]
+        # Constant-time comparison: the key must not leak through response timing.
+        if len(given) == 1 and hmac.compare_digest(given[0], self._expected):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(
+            {
+                "error": {
+                    "message": "missing or invalid API key (Authorization: Bearer <key>)",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def http_security(inference_config: Any) -> dict[str, Any]:
+    """HttpServer's keyword arguments from an `[inference]` config: the API key read from
+    `api_key_file`, and the TLS pair."""
+    return {
+        "api_key": read_token_file(inference_config.api_key_file),
+        "tls_cert": inference_config.http_tls_cert,
+        "tls_key": inference_config.http_tls_key,
+    }
 
 
 class _QuietSignals(uvicorn.Server):
@@ -21,21 +90,42 @@ class _QuietSignals(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, app, host: str, port: int):
+    def __init__(
+        self,
+        app,
+        host: str,
+        port: int,
+        *,
+        api_key: str | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+    ):
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+        if api_key is not None:
+            app = ApiKeyMiddleware(app, api_key)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host = host
         self.port: int = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+        self.scheme = "https" if tls_cert is not None else "http"
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            ssl_certfile=str(tls_cert) if tls_cert is not None else None,
+            ssl_keyfile=str(tls_key) if tls_key is not None else None,
+        )
         self._server = _QuietSignals(config)
         self._task: asyncio.Task | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     async def start(self) -> None:
         """Returns once the server accepts connections."""

@@ -19,7 +19,7 @@ from rlrun.common.service import ServiceContext
 from rlrun.common.tokenizer_info import load_with_info
 from rlrun.inference.engines import create_engine
 from rlrun.inference.engines.base import Engine
-from rlrun.inference.http_server import HttpServer
+from rlrun.inference.http_server import HttpServer, http_security
 from rlrun.inference.openai_app import build_openai_app
 from rlrun.inference.servicer import InferenceServicer
 from rlrun.inference.text_path import TextPath
@@ -108,7 +108,7 @@ class InferenceService:
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if self.http_port is not None:
             app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready)
-            self.http = HttpServer(app, self.host, self.http_port)
+            self.http = HttpServer(app, self.host, self.http_port, **http_security(self.config.inference))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)
         if not self.ready():

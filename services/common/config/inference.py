@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlrun.common.config.base import Section
 
@@ -49,5 +50,24 @@ class InferenceConfig(Section):
     http_port: int | None = Field(None, ge=0, le=65535)
     """Port of the OpenAI-compatible HTTP server (0 = OS-assigned). Default: unset (off)."""
 
+    api_key_file: Path | None = None
+    """File holding the API key of the OpenAI-compatible HTTP server: every request must carry
+    `Authorization: Bearer <key>` (as vLLM's `--api-key`), except /health and /metrics, which
+    stay open to probes and scrapes. The operator sets it to the run's generated key (the
+    Secret `<run>-auth`, key `api-key`). Default: unset (no key)."""
+
+    http_tls_cert: Path | None = None
+    """PEM certificate of the HTTP server; with `http_tls_key` it serves HTTPS. The operator
+    sets both from spec.secrets.tls. Default: unset (plain HTTP)."""
+
+    http_tls_key: Path | None = None
+    """PEM private key for `http_tls_cert`. Default: unset."""
+
     vllm: VllmConfig = VllmConfig()
     """vLLM engine settings (ignored by the torch engine)."""
+
+    @model_validator(mode="after")
+    def _http_tls_pair(self) -> InferenceConfig:
+        if (self.http_tls_cert is None) != (self.http_tls_key is None):
+            raise ValueError("inference.http_tls_cert and inference.http_tls_key must be set together")
+        return self
