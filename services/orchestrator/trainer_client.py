@@ -7,16 +7,30 @@ may not have trained, so the run resumes from the trainer's checkpoint instead (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import grpc
 
 from rlrun.common.grpc_client import ClientOptions, call_while_unavailable, open_channel
+from rlrun.common.types import TrainingSample
+from rlrun.common.wire import sample_to_proto
 from rlrun.v1 import trainer_pb2, trainer_pb2_grpc, training_pb2
 
 LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION})
 """SubmitBatch failures that mean the trainer is not where the run left it: it is gone (a
 restart in progress) or it is at another step (it restarted from a checkpoint)."""
+
+
+EncodedBatch: TypeAlias = training_pb2.TrainingBatch
+"""A batch's samples in wire form (encode_batch); the step, version and metrics are set when
+it is submitted, since they are known only then."""
+
+
+def encode_batch(samples: Sequence[TrainingSample]) -> EncodedBatch:
+    """The samples as the trainer takes them (done while the batch is built, not at submit)."""
+    return training_pb2.TrainingBatch(samples=[sample_to_proto(s) for s in samples])
 
 
 class TrainerLost(RuntimeError):
@@ -52,8 +66,23 @@ class TrainerClient:
         self.stub = trainer_pb2_grpc.TrainerServiceStub(self.channel)
         self.unavailable_retry_s = unavailable_retry_s
 
-    async def submit(self, batch: training_pb2.TrainingBatch, orchestrator_state: bytes) -> StepResult:
-        """Returns after the step and the weight broadcast; raises TrainerLost."""
+    async def submit(
+        self,
+        batch: EncodedBatch,
+        *,
+        step: int,
+        version: int,
+        learning_rate: float | None,
+        metrics: dict[str, float],
+        orchestrator_state: bytes,
+    ) -> StepResult:
+        """Trains `batch` as step `step` at policy `version` (None: the configured learning
+        rate); returns after the step and the weight broadcast; raises TrainerLost."""
+        batch.step, batch.policy_version = step, version
+        if learning_rate is not None:
+            batch.learning_rate = learning_rate
+        batch.metrics.clear()
+        batch.metrics.update(metrics)
         request = trainer_pb2.SubmitBatchRequest(batch=batch, orchestrator_state=orchestrator_state)
         try:
             reply = await self.stub.SubmitBatch(request)
