@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import ConfigError, load_config_with_warnings
+from rlrun.common.config.env import check_external_envs
 
 SERVICES = {
     "inference": "rlrun.inference.cli",
@@ -203,6 +204,7 @@ def _local(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={json.dumps(str(args.output_dir))}")
     try:
         config, warnings = load_config_with_warnings(args.config, overrides)
+        check_external_envs(config.orchestrator.train.env)
     except ConfigError as error:
         print(f"rlrun: invalid config: {error}", file=sys.stderr)
         return 2

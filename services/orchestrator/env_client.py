@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlrun.common.grpc_client import ClientOptions, call_while_unavailable, open_channel
 from rlrun.common.types import TaskRef, Trace
-from rlrun.common.wire import channels_from_proto, task_to_proto, trace_from_proto, trace_to_proto
+from rlrun.common.wire import channels_from_proto, group_from_proto, task_to_proto, trace_to_proto
 from rlrun.orchestrator.algorithms import BranchResult
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
 
@@ -21,6 +22,10 @@ class EnvDescription:
     algorithms: list[str]
     members: list[str]
     temperature: float
+    """0: not declared (the run's configured temperature is the one that counts)."""
+    tokenizer: plan_pb2.TokenizerInfo | None
+    """The tokenizer the env renders ids with, when it declares one."""
+    reward_range: env_pb2.RewardRange | None
 
 
 class EnvClient:
@@ -29,6 +34,8 @@ class EnvClient:
         self.unavailable_retry_s = unavailable_retry_s
         self.channel = open_channel(address, options)
         self.stub = env_pb2_grpc.EnvServiceStub(self.channel)
+        self.reward_range: env_pb2.RewardRange | None = None
+        """The env's declared reward range (from describe): every reply is checked against it."""
 
     async def describe(self, key: str, env_id: str) -> EnvDescription:
         """The GetInfo entry for this env: matched by its key, else by its registry id."""
@@ -39,6 +46,17 @@ class EnvClient:
             raise RuntimeError(
                 f"env-server {self.address} does not serve env {key!r} (it serves: {', '.join(by_id) or 'nothing'})"
             )
+        reward_range = info.reward_range if info.HasField("reward_range") else None
+        if reward_range is not None and not (
+            math.isfinite(reward_range.min)
+            and math.isfinite(reward_range.max)
+            and reward_range.min <= reward_range.max
+        ):
+            raise RuntimeError(
+                f"env-server {self.address}: env {info.env_id!r} declares reward_range "
+                f"[{reward_range.min}, {reward_range.max}]; it needs finite ends with min <= max"
+            )
+        self.reward_range = reward_range
         return EnvDescription(
             env_id=info.env_id,
             task_counts=dict(info.task_counts),
@@ -46,20 +64,23 @@ class EnvClient:
             algorithms=list(info.algorithms),
             members=list(info.members),
             temperature=info.temperature,
+            tokenizer=info.tokenizer if info.HasField("tokenizer") else None,
+            reward_range=reward_range,
         )
 
     async def run_group(
         self, group_id: str, task: TaskRef, plan: plan_pb2.GenerationPlan, n: int, timeout_s: float
     ) -> list[Trace]:
-        """n rollouts of one task; each returned trace is validated (WireError names the field).
-        An env-server that is UNAVAILABLE (restarting) is waited for, within `timeout_s` too."""
+        """n rollouts of one task; the reply is checked against the request and each trace
+        validated (wire.group_from_proto; WireError names the field). An env-server that is
+        UNAVAILABLE (restarting) is waited for, within `timeout_s` too."""
         request = env_pb2.RunGroupRequest(group_id=group_id, task=task_to_proto(task), plan=plan, n=n)
         reply = await call_while_unavailable(
             lambda: self.stub.RunGroup(request, timeout=timeout_s),
             min(self.unavailable_retry_s, timeout_s),
             f"env-server {self.address} RunGroup",
         )
-        return [trace_from_proto(t, f"RunGroup({group_id}).traces[{i}]") for i, t in enumerate(reply.traces)]
+        return group_from_proto(reply.traces, request, f"RunGroup({group_id})", self.reward_range)
 
     async def cancel(self, group_ids: list[str]) -> int:
         reply = await self.stub.Cancel(env_pb2.CancelRequest(group_ids=group_ids), timeout=10.0)

@@ -8,10 +8,15 @@ env-server requests read only these plans, never the raw config.
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 
 from rlrun.common.config import POLICY, ConfigError, EnvConfig, RunConfig, SamplingConfig, SamplingOverrides
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, WireError
+from rlrun.v1 import plan_pb2
+
+log = logging.getLogger(__name__)
 
 ORACLE = "oracle"
 """Model key of the env's rule-based reference solver (the warm start's default actor)."""
@@ -96,17 +101,61 @@ def samples_live_policy(plan: GenerationPlan) -> bool:
     return any(plan.targets[m].model.name == POLICY for m in trained_members(plan))
 
 
-def member_temperatures(plan: GenerationPlan, env_temperature: float) -> dict[str, float]:
-    """Per member, the temperature fanned out over its samples: the env's configured value when
-    it reports one, else the target's sampling temperature; 1 for greedy targets and for
-    rule-played targets (their tokens were not sampled from logits)."""
+def member_temperatures(plan: GenerationPlan) -> dict[str, float]:
+    """Per member, the temperature fanned out over its samples, which the trainer recomputes
+    logprobs at: the target's configured sampling temperature, whatever the env declares
+    (see check_env_temperature); 1 for greedy targets and for rule-played targets (their
+    tokens were not sampled from logits)."""
     out = {}
     for key, target in plan.targets.items():
-        if target.model.kind == "rule":
-            out[key] = 1.0
-            continue
-        temperature = env_temperature if env_temperature > 0 else target.sampling.temperature
-        out[key] = temperature if temperature > 0 else 1.0
+        temperature = target.sampling.temperature
+        out[key] = temperature if target.model.kind == "inference" and temperature > 0 else 1.0
+    return out
+
+
+def check_env_temperature(config: RunConfig, index: int, declared: float) -> None:
+    """An env's declared temperature (EnvInfo.temperature; 0: none) against the configured one.
+    A different one raises ConfigError when the env's trained tokens are sampled from a model
+    (the trainer recomputes their logprobs at the configured temperature, so every importance
+    ratio would be off) and is logged as a warning otherwise."""
+    env = config.orchestrator.train.env[index]
+    configured = _env_sampling(config, env).temperature
+    if declared == 0 or math.isclose(declared, configured, rel_tol=1e-6):
+        return
+    plan = compile_plan(config, actor=config.orchestrator.actor, sampling=_env_sampling(config, env))
+    sampled = [
+        m
+        for m in trained_members(plan)
+        if plan.targets[m].model.kind == "inference" and plan.targets[m].sampling.temperature > 0
+    ]
+    what = (
+        f"env {env.key!r} declares temperature {declared:g} (EnvInfo.temperature) but the run samples "
+        f"at {configured:g}, the temperature the trainer recomputes logprobs at"
+    )
+    if sampled:
+        raise ConfigError(
+            f"orchestrator.train.env.{index}",
+            f"{what}: the importance ratio of member(s) {', '.join(sorted(sampled))} would be wrong. "
+            "Set the run's temperature (orchestrator.train.sampling.temperature or this entry's "
+            "sampling.temperature) to the env's, or make the env declare 0 and sample at "
+            "PlanTarget.sampling.temperature",
+        )
+    log.warning("%s; no trained member samples from a model, so training is unaffected", what)
+
+
+def with_chat_format(
+    msg: plan_pb2.GenerationPlan, tokenizer: plan_pb2.TokenizerInfo, text_addresses: list[str]
+) -> plan_pb2.GenerationPlan:
+    """The plan as sent to env-servers: the live policy's tokenizer and the replicas that
+    serve its text-level RPCs, and the chat format's end tokens among every target's stop
+    tokens (an env that forwards the sampling as is stops where a message ends)."""
+    out = plan_pb2.GenerationPlan()
+    out.CopyFrom(msg)
+    out.tokenizer.CopyFrom(tokenizer)
+    out.text_addresses[:] = text_addresses
+    for target in out.targets:
+        stops = target.sampling.stop_token_ids
+        stops.extend(t for t in tokenizer.stop_token_ids if t not in stops)
     return out
 
 

@@ -76,17 +76,11 @@ async def run_group(
             label, reason = code.name.lower(), f"RunGroup {code.name}: {error.details()}"
             loud = code in GROUP_FAULT_CODES
         except WireError as error:
-            return _dropped(target, group_id, task, attempt, "invalid_trace", f"invalid trace: {error}")
+            # A reply that breaks the contract (env.proto's RunGroupResponse): a bug of the
+            # env-server, which a retry would only repeat.
+            reason = f"invalid reply from env-server {target.client.address}: {error.message}"
+            return _dropped(target, group_id, task, attempt, "invalid_trace", reason)
         else:
-            if not traces:
-                return _dropped(
-                    target,
-                    group_id,
-                    task,
-                    attempt,
-                    "invalid_trace",
-                    f"env-server {target.client.address} returned no traces",
-                )
             verdict = classify_traces(traces)
             if verdict is Verdict.OK:
                 return RolloutGroup(

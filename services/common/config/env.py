@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rlrun.common.config.base import Section
+from rlrun.common.config.deprecations import ConfigError
 from rlrun.common.config.sampling import SamplingOverrides
 
 
@@ -64,3 +65,25 @@ class EnvConfig(Section):
     @property
     def key(self) -> str:
         return self.name or self.id
+
+
+STARTED_SERVER_KEYS = ("args", "pool")
+"""Keys of an env entry that configure the env-server rlrun starts for it."""
+
+
+def check_external_envs(entries: list[EnvConfig]) -> None:
+    """An external entry (one with `address`, as the user's run file gives it) has no
+    env-server that rlrun starts, so nothing could honour its `args` or `pool`: a ConfigError
+    names the key. Checked where the user's file is read (`rlrun local`), not in the services,
+    whose entries for started env-servers get an address from the launcher."""
+    for i, entry in enumerate(entries):
+        if not entry.address:
+            continue
+        for key in STARTED_SERVER_KEYS:
+            if key in entry.model_fields_set:
+                raise ConfigError(
+                    f"orchestrator.train.env.{i}.{key}",
+                    f"env {entry.key!r} is external (address = {entry.address!r}): rlrun starts no "
+                    f"env-server for it, so nothing would honour its `{key}`; configure the "
+                    f"env-server at {entry.address} itself and remove `{key}`",
+                )

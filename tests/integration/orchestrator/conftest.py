@@ -14,7 +14,10 @@ import grpc
 import pytest
 
 from rlrun.common.config import resolve_config
+from rlrun.common.config.model import CHAR_TOKENIZER
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
+from rlrun.common.tokenizer import CharTokenizer
+from rlrun.common.tokenizer_info import tokenizer_info
 from rlrun.common.types import Branch, MessageNode, Trace, TraceError
 from rlrun.common.wire import (
     batch_from_proto,
@@ -38,6 +41,7 @@ TRAINER_SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 STALE_TOKEN = 99
 """Completion token of groups the fake env makes stale on purpose (it must never train)."""
+REPO = Path(__file__).resolve().parents[3]
 OOV_TOKEN = 128
 """A token id just outside the vocabulary of the default model (configs/models/tiny-d64.json)."""
 
@@ -263,12 +267,17 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
 
 
 class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
-    """Score: every token gets logprob -0.25, after `delay`; records the peak concurrency."""
+    """Score: every token gets logprob -0.25, after `delay`; records the peak concurrency.
+    GetStatus reports the default model's tokenizer (configs/tokenizer/char.json)."""
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
         self.active = 0
         self.peak = 0
+        self.tokenizer = tokenizer_info(CharTokenizer.from_file(REPO / CHAR_TOKENIZER), CHAR_TOKENIZER)
+
+    async def GetStatus(self, request, context):
+        return inference_pb2.GetInferenceStatusResponse(tokenizer=self.tokenizer)
 
     async def Score(self, request, context):
         self.active += 1

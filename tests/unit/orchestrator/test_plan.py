@@ -7,6 +7,7 @@ import pytest
 from rlrun.common.config import ConfigError, resolve_config
 from rlrun.common.types import ModelEndpoint
 from rlrun.orchestrator.plan import (
+    check_env_temperature,
     compile_plan,
     compile_plans,
     member_temperatures,
@@ -62,7 +63,7 @@ def test_warm_start_plays_the_oracle_as_a_fixed_rule_target():
     assert target.role == "fixed"
     assert trained_members(plans.warmup["reverse-text"]) == {"policy"}  # the policy learns from the oracle
     assert not samples_live_policy(plans.warmup["reverse-text"])
-    assert member_temperatures(plans.warmup["reverse-text"], env_temperature=0.7) == {"policy": 1.0}
+    assert member_temperatures(plans.warmup["reverse-text"]) == {"policy": 1.0}
     dev = plans.dev["reverse-text"].targets["policy"]
     assert (dev.model.name, dev.sampling.temperature) == ("policy", 0.0)  # the dev check is always greedy
 
@@ -97,7 +98,7 @@ def test_multi_agent_config_is_keyed_by_member_with_roles_and_targets():
     }
     assert trained_members(plan) == {"debater_a"}
     assert samples_live_policy(plan)
-    assert member_temperatures(plan, env_temperature=0.0) == {
+    assert member_temperatures(plan) == {
         "debater_a": 0.7,
         "debater_b": 0.7,
         "judge": 1.0,
@@ -114,10 +115,26 @@ def test_missing_replicas_fail_naming_the_key():
         compile_plans(cfg)
 
 
-def test_member_temperature_prefers_the_env_and_never_fans_out_zero():
+def test_the_configured_temperature_trains_and_is_never_fanned_out_as_zero():
     cfg = config()
     greedy = compile_plan(
         cfg, actor="policy", sampling=sampling_params(cfg.orchestrator.train.sampling, greedy=True)
     )
-    assert member_temperatures(greedy, env_temperature=0.0) == {"policy": 1.0}
-    assert member_temperatures(greedy, env_temperature=0.6) == {"policy": 0.6}
+    assert member_temperatures(greedy) == {"policy": 1.0}
+    assert member_temperatures(compile_plans(cfg).train["reverse-text"]) == {"policy": 0.7}
+
+
+def test_an_env_declaring_another_temperature_is_refused_when_it_would_skew_the_ratio(caplog):
+    cfg = config()
+    check_env_temperature(cfg, 0, 0.0)  # not declared
+    check_env_temperature(cfg, 0, 0.7)  # the entry's own override
+    with pytest.raises(ConfigError) as refused:
+        check_env_temperature(cfg, 1, 0.7)  # arithmetic samples at the run's 0.9
+    assert refused.value.path == "orchestrator.train.env.1"
+    assert "declares temperature 0.7" in str(refused.value) and "importance ratio" in str(refused.value)
+    # A rule-played actor samples nothing from logits: nothing trains at the temperature.
+    rule = config(actor="scripted", models={"scripted": {"kind": "rule"}})
+    with caplog.at_level("WARNING", logger="rlrun.orchestrator.plan"):
+        check_env_temperature(rule, 1, 0.7)
+    [warning] = caplog.records
+    assert "env 'arithmetic' declares temperature 0.7" in warning.getMessage()
