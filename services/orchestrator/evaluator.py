@@ -100,7 +100,9 @@ class Evaluator:
 
     async def evaluate(self, rl_step: int) -> dict[str, float]:
         ev = self.orch.eval
-        spec = _EvalSpec(self.context.eval_targets, "eval", ev.num_tasks, 1 if ev.greedy else ev.pass_k, "eval")
+        spec = _EvalSpec(
+            self.context.eval_targets, "eval", ev.num_tasks, 1 if ev.greedy else ev.pass_k, "eval"
+        )
         summary = await self._run(spec, f"step_{rl_step}", rl_step)
         self.last = EvalRecord(rl_step, summary)
         self.status.eval_reward = summary["eval_reward"]

@@ -38,9 +38,7 @@ class Recorder:
         self.outputs = outputs
         self.progress = progress
 
-    def step_record(
-        self, phase: Phase, number: int, outcome: StepOutcome, step_seconds: float
-    ) -> StepRecord:
+    def step_record(self, phase: Phase, number: int, outcome: StepOutcome, step_seconds: float) -> StepRecord:
         result, built = outcome.result, outcome.built
         batch = built.batch
         line: dict[str, Any] = {
