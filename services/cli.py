@@ -143,9 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
         "check-config",
         help="validate a run file and print the resolved config as JSON",
         description="Validate a run file (translating deprecated keys, with one warning each) and "
-        "print the resolved config as JSON. Exits 2 with the offending key path on error.",
+        "print the resolved config as JSON. Beyond the schema it checks, without starting "
+        "anything, the algorithm ids and their algorithm_args, that the files the run reads "
+        "exist, that env ids resolve and their args fit, and that the devices exist. Exits 2 "
+        "with the offending key path on error.",
     )
     _add_config_args(check, positional=True)
+    check.add_argument(
+        "--no-devices",
+        action="store_true",
+        help="skip the device check (for a file meant for another machine)",
+    )
 
     op = sub.add_parser(
         "operator",
@@ -178,6 +186,13 @@ def _check_config(args: argparse.Namespace) -> int:
         return 2
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    from rlrun.checks import check_run
+
+    try:
+        check_run(config, devices=not args.no_devices)
+    except ConfigError as error:
+        print(f"rlrun: invalid config: {error}", file=sys.stderr)
+        return 2
     print(config.model_dump_json(indent=2))
     return 0
 
