@@ -20,16 +20,26 @@ import json
 import logging
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import llguidance
 import torch
 
 from rlrun.common.config import RunConfig
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
+if TYPE_CHECKING:
+    import llguidance
+
 log = logging.getLogger(__name__)
+
+
+def _llg():
+    """llguidance, imported only once a grammar is used (a server that never sees a schema
+    never loads it)."""
+    import llguidance
+
+    return llguidance
 
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """llguidance's JSON options: the separators `json.dumps` writes, and no other whitespace."""
@@ -45,7 +55,7 @@ def schema_text(schema: Any, field: str) -> str:
         raise RequestError(field, f"{field} must be a JSON schema (an object), got {json.dumps(schema)}")
     text = json.dumps(schema)
     try:
-        error = llguidance.LLMatcher.validate_grammar(grammar(text))
+        error = _llg().LLMatcher.validate_grammar(grammar(text))
     except ValueError as raised:
         error = str(raised)
     if error:
@@ -55,7 +65,7 @@ def schema_text(schema: Any, field: str) -> str:
 
 def grammar(schema: str) -> str:
     """llguidance's grammar of the compact JSON values that match `schema` (JSON text)."""
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=COMPACT_JSON)
+    return _llg().LLMatcher.grammar_from_json_schema(schema, overrides=COMPACT_JSON)
 
 
 class _CharTokens:
@@ -86,8 +96,8 @@ class _CharTokens:
 def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     """The model's tokenizer as llguidance sees it, with its stop tokens as the end."""
     if isinstance(tokenizer, CharTokenizer):
-        wrapped = llguidance.TokenizerWrapper(_CharTokens(tokenizer))
-        return llguidance.LLTokenizer(wrapped, eos_token=list(tokenizer.stop_token_ids))
+        wrapped = _llg().TokenizerWrapper(_CharTokens(tokenizer))
+        return _llg().LLTokenizer(wrapped, eos_token=list(tokenizer.stop_token_ids))
     if isinstance(tokenizer, HFTokenizer):
         from llguidance.hf import from_tokenizer
 
@@ -145,7 +155,7 @@ class GrammarCompiler:
 
     def sample_grammar(self, schema: str) -> SampleGrammar:
         # Errors are the caller's to report (`dead_end`, `accept`): not llguidance's to print.
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar(schema), log_level=0)
+        matcher = _llg().LLMatcher(self.tokenizer, grammar(schema), log_level=0)
         if matcher.is_error():
             raise RequestError("json_schema", f"json_schema cannot be followed: {matcher.get_error()}")
         return SampleGrammar(matcher, self.tokenizer.vocab_size)

@@ -100,3 +100,19 @@ def test_the_sampler_masks_grammar_rows_only_and_reports_logprobs_under_the_mask
     expected = torch.log_softmax(logits / 0.7, -1)
     for row in (0, 2):
         assert logprobs[row] == pytest.approx(expected[row, tokens[row]].item(), abs=1e-5)
+
+
+def test_llguidance_is_imported_only_once_a_grammar_is_used():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import rlrun.inference.sampler, rlrun.inference.structured, rlrun.inference.engines.torch_core\n"
+        "assert 'llguidance' not in sys.modules\n"
+        "from rlrun.inference.structured import grammar\n"
+        "grammar('{\"type\": \"object\"}')\n"
+        "assert 'llguidance' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
