@@ -71,10 +71,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["Always", "IfNotPresent", "Never"],
         help="default imagePullPolicy of run pods (env RLRUN_IMAGE_PULL_POLICY)",
     )
+    parser.add_argument(
+        "--token-key-file",
+        default=os.environ.get("RLRUN_TOKEN_KEY_FILE") or None,
+        metavar="FILE",
+        help="key (32+ bytes) every run's gRPC token and API key derive from; the same key gives "
+        "a restarted operator the same credentials (default: a random key per process, "
+        "env RLRUN_TOKEN_KEY_FILE)",
+    )
+    parser.add_argument(
+        "--grpc-tls-dir",
+        default=None,
+        metavar="DIR",
+        help="for runs with spec.secrets.tls: ca.crt (checks their orchestrator) and optionally "
+        "tls.crt/tls.key (the operator's client certificate), as a cert-manager Secret mounts them",
+    )
+    parser.add_argument(
+        "--metrics-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="namespace whose pods may scrape the runs' metrics ports (their NetworkPolicy "
+        "admits it; repeatable)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 
 def options_from_args(args: argparse.Namespace):
+    import logging
+    from pathlib import Path
+
+    from rlrun.operator.auth import new_key, read_key
     from rlrun.operator.handlers import OperatorOptions
     from rlrun.operator.reconcile import Defaults
 
@@ -83,8 +110,29 @@ def options_from_args(args: argparse.Namespace):
         value = getattr(args, f"{component.replace('-', '_')}_image", None)
         if value:
             images[component] = value
-    defaults = Defaults(images=images, cluster_domain=args.cluster_domain, pull_policy=args.image_pull_policy)
-    return OperatorOptions(defaults=defaults, status_interval_s=args.status_interval)
+    if args.token_key_file:
+        token_key = read_key(args.token_key_file)
+    else:
+        logging.getLogger("rlrun.operator").warning(
+            "no --token-key-file: a random key, so a restart of the operator gives every run new "
+            "credentials (and restarts its pods)"
+        )
+        token_key = new_key()
+    defaults = Defaults(
+        images=images,
+        cluster_domain=args.cluster_domain,
+        pull_policy=args.image_pull_policy,
+        token_key=token_key,
+        operator_namespace=os.environ.get("POD_NAMESPACE") or None,
+        metrics_namespaces=tuple(args.metrics_namespace),
+    )
+    tls: dict[str, Path] = {}
+    if args.grpc_tls_dir:
+        folder = Path(args.grpc_tls_dir)
+        tls["grpc_tls_ca"] = folder / "ca.crt"
+        if (folder / "tls.crt").exists() and (folder / "tls.key").exists():
+            tls["grpc_tls_cert"], tls["grpc_tls_key"] = folder / "tls.crt", folder / "tls.key"
+    return OperatorOptions(defaults=defaults, status_interval_s=args.status_interval, **tls)
 
 
 def main(args: argparse.Namespace) -> int:

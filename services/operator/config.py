@@ -30,6 +30,9 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 TLS_DIR = f"{CONFIG_DIR}/tls"
 AUTH_DIR = f"{CONFIG_DIR}/auth"
 AUTH_FILE = f"{AUTH_DIR}/token"
+API_KEY_FILE = f"{AUTH_DIR}/api-key"
+TOKEN_KEY, API_KEY_KEY = "token", "api-key"
+"""Keys of the run's generated Secret `<run>-auth`: the gRPC bearer token, the OpenAI API key."""
 CHILD_NAME_MAX = 52
 """Longest name of a child object. A StatefulSet's pods are `<name>-<ordinal>` and carry the
 label `controller-revision-hash: <name>-<10 characters>`, which must fit a 63-character label
@@ -58,6 +61,10 @@ class Cluster:
             return name
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
         return f"{name[: CHILD_NAME_MAX - 9].rstrip('-')}-{digest}"
+
+
+def auth_secret_name(cluster: Cluster) -> str:
+    return cluster.child("auth")
 
 
 def inference_name(cluster: Cluster) -> str:
@@ -207,6 +214,11 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
         _table(inference, "vllm")["tensor_parallel_size"] = gpus
     if spec.inference.http_port is not None:
         inference["http_port"] = spec.inference.http_port
+        # The run's generated API key; the user's own file would not exist in the pods.
+        inference["api_key_file"] = API_KEY_FILE
+        if spec.secrets.tls is not None:
+            inference["http_tls_cert"] = f"{TLS_DIR}/tls.crt"
+            inference["http_tls_key"] = f"{TLS_DIR}/tls.key"
     service = inference_name(cluster)
     inference["addresses"] = [
         f"{cluster.host(service, f'{service}-{i}')}:{GRPC_PORT}" for i in range(spec.inference.replicas)
@@ -251,8 +263,9 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
         tls.setdefault("cert", f"{TLS_DIR}/tls.crt")
         tls.setdefault("key", f"{TLS_DIR}/tls.key")
         tls.setdefault("ca", f"{TLS_DIR}/ca.crt")
-    if spec.secrets.auth_token is not None:
-        _table(raw, "grpc").setdefault("auth_token_file", AUTH_FILE)
+    # Every run carries its generated bearer token (the Secret `<run>-auth`, mounted by every
+    # pod): a server refuses each call without it but health, and each client sends it.
+    _table(raw, "grpc")["auth_token_file"] = AUTH_FILE
 
     final, _ = _validate(raw, where)
     return RenderedConfig(tomli_w.dumps(raw), final, managed, model_servers, warnings)

@@ -28,6 +28,8 @@ from typing import Any
 
 import kopf
 
+from rlrun.operator.auth import run_credentials
+from rlrun.operator.config import Cluster, auth_secret_name
 from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
 from rlrun.operator.metrics import OperatorMetrics
 from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state
@@ -74,8 +76,12 @@ class OperatorOptions:
     api_client_factory: Callable[[], Any] = default_api_client
     login: Callable[[], kopf.ConnectionInfo] | None = None
     """A kopf login override (tests); None uses kopf's own (in-cluster or kubeconfig)."""
-    workdir: Path | None = None
-    """Where TLS material read from Secrets is written for the status client."""
+    grpc_tls_ca: Path | None = None
+    """CA that signed the certificates of runs with spec.secrets.tls (the status poll checks the
+    orchestrator against it). The operator reads no run's Secret."""
+    grpc_tls_cert: Path | None = None
+    grpc_tls_key: Path | None = None
+    """The operator's own client certificate, for runs whose servers require one."""
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     """What `rlrun operator --metrics-port` serves."""
@@ -140,26 +146,22 @@ async def _report(
         name=meta["name"], namespace=meta["namespace"], domain=options.defaults.cluster_domain
     )
     try:
-        client = None
-        if spec.secrets.tls is not None or spec.secrets.auth_token is not None:
-            client = await asyncio.to_thread(_client_options, runtime, meta["namespace"], spec)
+        token = run_credentials(
+            options.defaults.token_key, meta["namespace"], meta["name"], meta["uid"]
+        ).token
+        client = client_options(
+            options.status_timeout_s,
+            token,
+            tls=spec.secrets.tls is not None,
+            ca=options.grpc_tls_ca,
+            cert=options.grpc_tls_cert,
+            key=options.grpc_tls_key,
+        )
         return await fetch_status(address, options.status_timeout_s, client), None
     except Exception as error:  # noqa: BLE001 - any failure means "no answer this time"
         details = getattr(error, "details", None)
         message = details() if callable(details) else str(error)
         return None, f"orchestrator {address}: {message or type(error).__name__}"
-
-
-def _client_options(runtime: _Runtime, namespace: str, spec: Any) -> Any:
-    kube = runtime.kube
-    tls = token = None
-    if spec.secrets.tls is not None:
-        tls = kube.get("v1", "Secret", namespace, spec.secrets.tls.secret_name)
-    key = "token"
-    if spec.secrets.auth_token is not None:
-        token = kube.get("v1", "Secret", namespace, spec.secrets.auth_token.secret_name)
-        key = spec.secrets.auth_token.key
-    return client_options(runtime.options.status_timeout_s, tls, token, key, runtime.options.workdir)
 
 
 def _pods(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> list[PodState] | None:
@@ -308,6 +310,10 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
             result = await asyncio.to_thread(
                 prune_objects, runtime.kube, meta["name"], meta["namespace"], meta["uid"], []
             )
+            # The Secret is never listed (the operator may not list Secrets): delete it by name.
+            secret = auth_secret_name(Cluster(meta["name"], meta["namespace"]))
+            if await asyncio.to_thread(runtime.kube.delete, "v1", "Secret", meta["namespace"], secret):
+                result.deleted.append(f"Secret/{secret}")
         runtime.runs.discard((meta.get("namespace"), meta.get("name")))
         options.metrics.forget(meta.get("namespace"), meta.get("name"))
         if result.deleted:

@@ -11,7 +11,9 @@ would answer 409 to the second. An object is applied when it is missing, when th
 desired form (kept in the annotation `rlrun.dev/applied-hash`) changed, or when someone edited a
 field the operator sets (the desired object is no longer a subset of the live one; the fields
 the API server defaults are extra and do not count, and resource quantities compare by value,
-so "1" and 1 or "500m" and "0.5" are equal).
+so "1" and 1 or "500m" and "0.5" are equal). The run's Secret is the exception: the operator
+may not read Secrets, so it is applied on every pass without a read (an apply that changes
+nothing writes nothing) and never listed (`WRITE_ONLY_KINDS`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.operator.reconcile import OWNED_KINDS, RUN_LABEL, content_hash, object_key
+from rlrun.operator.reconcile import OWNED_KINDS, RUN_LABEL, WRITE_ONLY_KINDS, content_hash, object_key
 
 log = logging.getLogger("rlrun.operator.kube")
 
@@ -37,6 +39,7 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("rlrun.dev/v1alpha1", "RLRun"): "rlruns",
 }
 
@@ -252,6 +255,11 @@ def apply_objects(
         api_version, kind, name = object_key(obj)
         namespace = obj["metadata"]["namespace"]
         try:
+            if (api_version, kind) in WRITE_ONLY_KINDS:
+                # The answer is not kept (nor compared): the desired form is all the operator
+                # knows of it.
+                kube.apply(obj, field_manager(obj))
+                continue
             live = kube.get(api_version, kind, namespace, name)
             if live is None:
                 live = kube.apply(obj, field_manager(obj))

@@ -18,17 +18,16 @@ REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apps", "statefulsets", ("get", "list", "create", "patch", "delete")),
     ("apps", "deployments", ("get", "list", "create", "patch", "delete")),
     ("policy", "poddisruptionbudgets", ("get", "list", "create", "patch", "delete")),
+    ("networking.k8s.io", "networkpolicies", ("get", "list", "create", "patch", "delete")),
+    # Each run's Secret `<run>-auth`, written blind (apply creates or patches it) and deleted by
+    # name: no get, list or watch, so the operator reads no Secret (rlrun.operator.auth).
+    ("", "secrets", ("create", "patch", "delete")),
     # Read only: the status counts the restarts of the run's pods and says why one does not
     # run (one list per sync).
     ("", "pods", ("list",)),
     # Kubernetes Events on phase and condition transitions (create); a Pending pod's Events
     # say why it does not start (list, read only).
     ("", "events", ("create", "list")),
-]
-
-SECRET_RULES: list[tuple[str, str, tuple[str, ...]]] = [
-    # Only with spec.secrets: the TLS material and token to poll the orchestrator's status.
-    ("", "secrets", ("get",)),
 ]
 
 

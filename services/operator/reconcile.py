@@ -31,6 +31,7 @@ while the PVC, ConfigMap and Services stay.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -40,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.common.config import ConfigError
+from rlrun.operator.auth import new_key, run_credentials
 from rlrun.operator.config import (
+    API_KEY_KEY,
     AUTH_DIR,
     CONFIG_DIR,
     CONFIG_FILE,
@@ -49,8 +52,10 @@ from rlrun.operator.config import (
     METRICS_PORT,
     RDZV_PORT,
     TLS_DIR,
+    TOKEN_KEY,
     Cluster,
     RenderedConfig,
+    auth_secret_name,
     env_server_name,
     inference_name,
     model_server_name,
@@ -76,6 +81,9 @@ RUN_LABEL = "rlrun.dev/run"
 ENV_SERVER_LABEL = "rlrun.dev/env-server"
 MODEL_LABEL = "rlrun.dev/model"
 CONFIG_HASH_ANNOTATION = "rlrun.dev/config-hash"
+AUTH_HASH_ANNOTATION = "rlrun.dev/auth-hash"
+"""A digest of the run's token on each pod template: a new operator key rolls every pod at once,
+where pods that read the token at start would otherwise disagree with restarted ones."""
 MANAGED_BY = "rlrun-operator"
 RUN_AS = 10001
 CACHE_DIR = "/var/cache/rlrun"
@@ -94,7 +102,13 @@ OWNED_KINDS = (
     ("v1", "PersistentVolumeClaim"),
     *WORKLOAD_KINDS,
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
+"""Kinds the operator lists to prune. Not the run's Secret: the operator may not list Secrets
+(see rlrun.operator.auth), and the Secret lives as long as the run (the garbage collector and
+the delete handler remove it by name)."""
+WRITE_ONLY_KINDS = (("v1", "Secret"),)
+"""Kinds applied without reading them first (see rlrun.operator.kube.apply_objects)."""
 
 ConfigPath = tuple[str, ...]
 _SHARED_READS: tuple[ConfigPath, ...] = (("name",), ("output_dir",), ("log_level",), ("model",), ("grpc",))
@@ -173,6 +187,16 @@ class Defaults:
     )
     cluster_domain: str = "cluster.local"
     pull_policy: str | None = None
+    token_key: bytes = field(default_factory=new_key, repr=False)
+    """The key each run's token and API key derive from (rlrun.operator.auth). The CLI reads it
+    from a file, so that a restarted operator derives the same ones; the random default suits
+    tests and one-off runs."""
+    operator_namespace: str | None = None
+    """Where the operator runs (its pods may call a run's gRPC port for the status). None: the
+    operator runs outside the cluster and no in-cluster rule is needed for it."""
+    metrics_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods may scrape a run's metrics port (Prometheus), unless the run's
+    spec.network.metricsNamespaces says otherwise."""
 
 
 @dataclass
@@ -245,6 +269,7 @@ class _Builder:
         }
         self.raw_config = tomllib.loads(rendered.toml)
         self.tls = spec.secrets.tls is not None
+        self.credentials = run_credentials(defaults.token_key, meta["namespace"], meta["name"], meta["uid"])
 
     # --- metadata ---------------------------------------------------------------------------
 
@@ -397,18 +422,22 @@ class _Builder:
         if spec.secrets.tls is not None:
             volumes.append({"name": "tls", "secret": {"secretName": spec.secrets.tls.secret_name}})
             mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
-        if spec.secrets.auth_token is not None:
-            token = spec.secrets.auth_token
-            volumes.append(
-                {
-                    "name": "auth",
-                    "secret": {
-                        "secretName": token.secret_name,
-                        "items": [{"key": token.key, "path": "token"}],
-                    },
-                }
-            )
-            mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
+        # The run's credentials: every pod its gRPC token, only the pods that serve the OpenAI
+        # endpoint its API key.
+        items = [{"key": TOKEN_KEY, "path": TOKEN_KEY}]
+        if component == INFERENCE and spec.inference.http_port is not None:
+            items.append({"key": API_KEY_KEY, "path": API_KEY_KEY})
+        volumes.append(
+            {
+                "name": "auth",
+                "secret": {
+                    "secretName": auth_secret_name(self.cluster),
+                    "items": items,
+                    "defaultMode": 0o440,
+                },
+            }
+        )
+        mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
         init_containers = []
         if spec.model is not None and component in MODEL_COMPONENTS:
             volume, mount, init = self.model_volume(image, mounts)
@@ -463,8 +492,12 @@ class _Builder:
         if spec.images.pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
         config_hash = content_hash(config_part(self.raw_config, component))
+        annotations = {
+            CONFIG_HASH_ANNOTATION: config_hash,
+            AUTH_HASH_ANNOTATION: content_hash(self.credentials.token),
+        }
         return {
-            "metadata": {"labels": dict(labels), "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
+            "metadata": {"labels": dict(labels), "annotations": annotations},
             "spec": pod_spec,
         }
 
@@ -583,6 +616,69 @@ class _Builder:
         if publish_not_ready:
             spec["publishNotReadyAddresses"] = True
         return {"apiVersion": "v1", "kind": "Service", "metadata": self.metadata(name, labels), "spec": spec}
+
+    def auth_secret(self) -> dict[str, Any]:
+        """The run's credentials (rlrun.operator.auth). Users read the API key from it (`kubectl
+        get secret <run>-auth`), as do clients in the namespaces spec.network admits."""
+        data = {TOKEN_KEY: self.credentials.token, API_KEY_KEY: self.credentials.api_key}
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self.metadata(auth_secret_name(self.cluster), self.labels("auth")),
+            "type": "Opaque",
+            "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
+        }
+
+    def network_policy(self) -> dict[str, Any]:
+        """Ingress to the run's pods (egress stays open: a Hub download, external env-servers,
+        DNS). Admitted: the run's own pods on every port (gRPC between the services, the
+        trainer's rendezvous); the operator on gRPC (the status poll); Prometheus on the metrics
+        port; spec.network.allowedNamespaces on gRPC and the OpenAI HTTP port. Kubelet probes
+        come from the pod's node, which NetworkPolicies do not block."""
+        network = self.spec.network
+        run_pods = {"matchLabels": {RUN_LABEL: self.cluster.name}}
+
+        def namespaces(names, pods: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+            peers = []
+            for name in names:
+                peer: dict[str, Any] = {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}
+                }
+                if pods is not None:
+                    peer["podSelector"] = pods
+                peers.append(peer)
+            return peers
+
+        def ports(*numbers: int) -> list[dict[str, Any]]:
+            return [{"protocol": "TCP", "port": number} for number in numbers]
+
+        rules: list[dict[str, Any]] = [{"from": [{"podSelector": run_pods}]}]
+        if self.defaults.operator_namespace:
+            operator_pods = {
+                "matchLabels": {"app.kubernetes.io/name": "rlrun", "app.kubernetes.io/component": "operator"}
+            }
+            rules.append(
+                {
+                    "from": namespaces([self.defaults.operator_namespace], operator_pods),
+                    "ports": ports(GRPC_PORT),
+                }
+            )
+        scrapers = network.metrics_namespaces
+        if scrapers is None:
+            scrapers = list(self.defaults.metrics_namespaces)
+        if scrapers:
+            rules.append({"from": namespaces(scrapers), "ports": ports(METRICS_PORT)})
+        if network.allowed_namespaces:
+            served = [GRPC_PORT]
+            if self.spec.inference.http_port is not None:
+                served.append(self.spec.inference.http_port)
+            rules.append({"from": namespaces(network.allowed_namespaces), "ports": ports(*served)})
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": self.metadata(self.cluster.child("network"), self.labels("network")),
+            "spec": {"podSelector": run_pods, "policyTypes": ["Ingress"], "ingress": rules},
+        }
 
     def config_map(self) -> dict[str, Any]:
         labels = self.labels("config")
@@ -910,6 +1006,8 @@ def desired_state(
     for claim in (builder.pvc(), builder.model_cache()):
         if claim is not None:
             state.objects.append(claim)
+    state.objects.append(builder.auth_secret())
+    state.objects.append(builder.network_policy())
     state.objects.append(builder.config_map())
     builder.inference(state, with_workloads)
     builder.model_servers(state, with_workloads)

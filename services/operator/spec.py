@@ -9,7 +9,7 @@ use, `rlrun.common.config.RunConfig`; see `rlrun.operator.config`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -43,6 +43,7 @@ DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 
 Quantity = int | str
+Namespace = Annotated[str, Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 
 
 class SpecError(ValueError):
@@ -345,23 +346,33 @@ class ModelSource(_Model):
 
 
 class TlsSecret(_Model):
-    """A Secret with `tls.crt`, `tls.key` and `ca.crt`, mounted into every service; the run
-    config's `grpc.tls.cert/key/ca` point at it."""
+    """A Secret with `tls.crt`, `tls.key` and `ca.crt` (the layout cert-manager writes for a
+    Certificate), mounted into every service; the run config's `grpc.tls.cert/key/ca` point at
+    it, and the OpenAI HTTP endpoint serves HTTPS with the same pair. The operator never reads
+    it: it checks the orchestrator's certificate against the CA it was started with
+    (`rlrun operator --grpc-tls-ca`; chart value `grpcTls`)."""
 
     secret_name: str = Field(max_length=253)
-
-
-class TokenSecret(_Model):
-    """A Secret holding the bearer token every call carries (`grpc.auth_token_file`)."""
-
-    secret_name: str = Field(max_length=253)
-    key: str = "token"
-    """Key of the token in the Secret. Default: token."""
 
 
 class Secrets(_Model):
     tls: TlsSecret | None = None
-    auth_token: TokenSecret | None = None
+
+
+class NetworkSpec(_Model):
+    """Who may connect to the run's pods. The operator writes a NetworkPolicy that admits the
+    run's own pods (every port), the operator (gRPC, for the status), Prometheus (the metrics
+    port) and the namespaces named here (gRPC and the OpenAI HTTP port). Kubelet probes come
+    from the pod's own node, which a NetworkPolicy does not block. Every call still needs the
+    run's bearer token (the Secret `<run>-auth`)."""
+
+    allowed_namespaces: list[Namespace] = Field(default=[], max_length=64)
+    """Namespaces whose pods may call the run's gRPC and OpenAI HTTP ports (e.g. where an
+    external env-server or an evaluation client runs). Default: none."""
+
+    metrics_namespaces: list[Namespace] | None = Field(None, max_length=16)
+    """Namespaces whose pods may scrape the metrics port. Default: the operator's setting (chart
+    value `networkPolicy.metricsNamespaces`)."""
 
 
 MULTI_NODE_STORAGE_RULE = (
@@ -437,6 +448,7 @@ class RLRunSpec(_Model):
     """PriorityClass of the run's pods."""
 
     secrets: Secrets = Secrets()
+    network: NetworkSpec = NetworkSpec()
 
     @model_validator(mode="after")
     def _checks(self) -> RLRunSpec:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlrun.operator.status import OrchestratorReport
-
-_TLS_KEYS = ("ca.crt", "tls.crt", "tls.key")
 
 
 def _open_channel(address: str, options: Any):
@@ -37,34 +32,26 @@ async def fetch_status(address: str, timeout_s: float = 3.0, options: Any = None
 
 def client_options(
     timeout_s: float,
-    tls_secret: dict[str, Any] | None = None,
-    token_secret: dict[str, Any] | None = None,
-    token_key: str = "token",
-    workdir: Path | None = None,
+    token: str,
+    *,
+    tls: bool = False,
+    ca: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
 ) -> Any:
-    """ClientOptions for a run whose services use TLS and/or a bearer token, from the run's
-    Secrets (as read from the API). The operator presents the run's own certificate, which
-    also satisfies servers that require client certificates."""
+    """ClientOptions for the status poll of a run: its bearer token, and with `tls` the
+    operator's own CA and client certificate (the operator reads none of the run's Secrets).
+    Raises ValueError for a TLS run when the operator has no CA."""
     from rlrun.common.grpc_client import ClientOptions
 
-    kwargs: dict[str, Any] = {"deadline_s": timeout_s, "retries": 1}
-    if tls_secret is not None:
-        data = tls_secret.get("data") or {}
-        digest = hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:16]
-        folder = (workdir or Path(tempfile.gettempdir())) / f"rlrun-tls-{digest}"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for key in _TLS_KEYS:
-            if key in data:
-                path = folder / key
-                path.write_bytes(base64.b64decode(data[key]))
-                path.chmod(0o600)
-        if (folder / "ca.crt").exists():
-            kwargs["tls_ca"] = folder / "ca.crt"
-        if (folder / "tls.crt").exists() and (folder / "tls.key").exists():
-            kwargs["tls_cert"] = folder / "tls.crt"
-            kwargs["tls_key"] = folder / "tls.key"
-    if token_secret is not None:
-        raw = (token_secret.get("data") or {}).get(token_key)
-        if raw:
-            kwargs["auth_token"] = base64.b64decode(raw).decode().strip()
+    kwargs: dict[str, Any] = {"deadline_s": timeout_s, "retries": 1, "auth_token": token}
+    if tls:
+        if ca is None:
+            raise ValueError(
+                "the run uses TLS (spec.secrets.tls) and the operator has no CA to check it "
+                "(rlrun operator --grpc-tls-ca; chart value grpcTls.caSecret)"
+            )
+        kwargs["tls_ca"] = ca
+        if cert is not None and key is not None:
+            kwargs["tls_cert"], kwargs["tls_key"] = cert, key
     return ClientOptions(**kwargs)

@@ -16,7 +16,7 @@ import yaml
 helm = pytest.importorskip("helm_python")
 
 from rlrun.cli import build_parser  # noqa: E402
-from rlrun.operator.rbac import REQUIRED_RULES, SECRET_RULES, permission_set  # noqa: E402
+from rlrun.operator.rbac import REQUIRED_RULES, permission_set  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rlrun"
@@ -68,7 +68,8 @@ def test_ci_values_cover_the_optional_templates():
 
 @pytest.mark.parametrize(("label", "values"), VALUE_SETS, ids=[v[0] for v in VALUE_SETS])
 def test_operator_pod_is_restricted_and_speaks_the_cli(label, values):
-    (deployment,) = by_kind(render(values), "Deployment")
+    objects = render(values)
+    (deployment,) = by_kind(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -84,8 +85,18 @@ def test_operator_pod_is_restricted_and_speaks_the_cli(label, values):
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"healthz": args.liveness_port, "metrics": args.metrics_port}
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     merged = helm.Chart.load(CHART).merge_values(values)
+    assert container["env"][0]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # The token key is mounted from its Secret where the CLI reads it.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert args.token_key_file == f"{mounts['token-key']}/key"
+    secret = volumes["token-key"]["secret"]["secretName"]
+    generated = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert generated == ([] if merged["tokenKey"]["existingSecret"] else [secret])
+    assert args.metrics_namespace == merged["networkPolicy"]["metricsNamespaces"]
+    assert (args.grpc_tls_dir is not None) == bool(merged["grpcTls"]["secret"])
     assert env["RLRUN_IMAGE_INFERENCE"] == merged["runImages"]["inference"]
     assert float(env["RLRUN_STATUS_INTERVAL"]) == merged["operator"]["statusInterval"]
     if merged["operator"]["watchAllNamespaces"]:
@@ -102,7 +113,13 @@ def test_rbac_is_exactly_what_the_operator_uses_without_wildcards(label, values)
     merged = helm.Chart.load(CHART).merge_values(values)
     roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
     assert roles
-    expected = permission_set(REQUIRED_RULES + (SECRET_RULES if merged["rbac"]["readSecrets"] else []))
+    expected = permission_set(REQUIRED_RULES)
+    # The operator reads no Secret: it writes each run's own and derives the credentials.
+    assert {verb for group, resource, verb in expected if resource == "secrets"} == {
+        "create",
+        "patch",
+        "delete",
+    }
     for role in roles:
         granted = set()
         for rule in role["rules"]:

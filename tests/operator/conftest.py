@@ -86,6 +86,9 @@ _RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
         shortnames={"pdb"},
         subresources={"status"},
     ),
+    ("networking.k8s.io", "v1", "networkpolicies"): dict(
+        kind="NetworkPolicy", singular="networkpolicy", namespaced=True, shortnames={"netpol"}
+    ),
     ("", "v1", "events"): dict(kind="Event", singular="event", namespaced=True, shortnames={"ev"}),
     ("", "v1", "namespaces"): dict(
         kind="Namespace", singular="namespace", namespaced=False, shortnames={"ns"}
@@ -182,6 +185,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     """(resource, namespace, name) -> field manager -> the field paths it owns."""
     _applying: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     """One apply at a time: its create-or-patch decision must hold until it is served."""
+    secret_reads: list[str] = attrs.field(factory=list, init=False)
+    """Every get, list and watch of Secrets, as "ACTION name"."""
 
     def declare_resources(self) -> None:
         for (group, version, plural), info in _RESOURCES.items():
@@ -303,6 +308,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return _rewrite(request, data=_merge_patch_between(current, result))
 
     async def _handle(self, request: Any) -> Any:
+        # Every read of a Secret, whoever made it: the operator must make none.
+        if request.resource is not None and request.resource.plural == "secrets":
+            if request.action in (kmock.action.FETCH, kmock.action.LIST, kmock.action.WATCH):
+                self.secret_reads.append(f"{request.action.name} {request.name or ''}")
         content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
         if request.action == kmock.action.UPDATE and content_type.startswith("application/apply-patch"):
             async with self._applying:
@@ -436,9 +445,12 @@ async def orchestrator_stub():
             self.response = orchestrator_pb2.GetRunStatusResponse(phase=orchestrator_pb2.RUN_PHASE_PENDING)
             self.calls = 0
             self.port = 0
+            self.authorization: str | None = None
+            """The `authorization` metadata of the last call."""
 
         async def GetStatus(self, request, context):  # noqa: N802 - gRPC method name
             self.calls += 1
+            self.authorization = dict(context.invocation_metadata()).get("authorization")
             return self.response
 
     stub = Stub()

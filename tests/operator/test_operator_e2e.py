@@ -8,6 +8,7 @@ The emulator serves from the test's event loop, so blocking client calls run in 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 from pathlib import Path
 
@@ -197,6 +198,14 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
         "Restarted": "False",
     }
     assert orchestrator_stub.calls >= 2
+    # The run's generated Secret and NetworkPolicy, owned by it; the status poll carries the
+    # token the pods mount (the stand-in records it), and the operator read no Secret for it.
+    secret = stored(k8s, "secrets", f"{NAME}-auth")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert orchestrator_stub.authorization == f"Bearer {token}"
+    policy = stored(k8s, "networkpolicies", f"{NAME}-network")
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == uid
     await eventually(
         lambda: any(e.get("reason") == "Running" for e in events(k8s)), message="a Running event"
     )
@@ -233,6 +242,9 @@ async def test_operator_end_to_end(k8s, kube, run_operator, orchestrator_stub, e
     await call(kube.delete, *RLRUN, NS, NAME)
     await eventually(gone(k8s), message="RLRun gone after its finalizer")
     assert await call(present, kube) == set()
+    assert stored(k8s, "secrets", f"{NAME}-auth") is None
+    assert stored(k8s, "networkpolicies", f"{NAME}-network") is None
+    assert k8s.secret_reads == []  # from the first apply to the cleanup
 
 
 async def test_invalid_config_creates_no_pods(k8s, kube, run_operator, orchestrator_stub, eventually):

@@ -249,7 +249,7 @@ def test_external_env_servers_get_no_pods_only_addresses():
     state = desired_state(load(REPO / "operator" / "samples" / "external-env.yaml"))
     objs = objects(state)
     components = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objs.values()}
-    assert components == {"config", "inference", "orchestrator", "trainer"}
+    assert components == {"auth", "network", "config", "inference", "orchestrator", "trainer"}
     envs = {e.get("name") or e["id"]: e for e in rendered(state)["orchestrator"]["train"]["env"]}
     assert envs["remote-reverse"]["address"] == "reverse-text.envs.svc.cluster.local:50051"
     assert envs["alphabet-sort"]["address"] == "alphabet-sort.envs.svc.cluster.local:50051"
@@ -347,7 +347,7 @@ def test_suspended_or_finished_runs_keep_storage_config_and_services_but_no_pods
     run = make_run(storage={"size": "10Gi"}, suspend=how == "suspend")
     state = desired_state(run, finished=how == "finished")
     kinds = sorted({kind for kind, _ in objects(state)})
-    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service"]
+    assert kinds == ["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "Secret", "Service"]
     assert state.workloads == []
     active = objects(desired_state(make_run(storage={"size": "10Gi"})))
     assert set(objects(state)) < set(active)

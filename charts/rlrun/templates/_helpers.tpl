@@ -41,6 +41,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the key every run's credentials derive from (rlrun.operator.auth). */}}
+{{- define "rlrun.tokenKeySecret" -}}
+{{- default (printf "%s-token-key" (include "rlrun.fullname" .)) .Values.tokenKey.existingSecret -}}
+{{- end -}}
+
 {{/* Namespaces whose runs are scraped: the monitoring list, else the watched ones (empty: any). */}}
 {{- define "rlrun.monitoredNamespaces" -}}
 {{- if .Values.monitoring.namespaces -}}
@@ -72,15 +77,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- /* Each run's generated Secret is written blind and deleted by name: no Secret is read. */}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "list"]
-{{- if .Values.rbac.readSecrets }}
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
-{{- end }}
 {{- end -}}
