@@ -76,6 +76,17 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return {key: _resolve(value, defs) for key, value in node.items() if key != "$defs"}
 
 
+def _unknown_fields(node: dict[str, Any]) -> dict[str, Any]:
+    """How an object schema takes fields it does not list."""
+    extra = node.get("additionalProperties")
+    if "properties" not in node and isinstance(extra, dict) and extra:
+        return {"additionalProperties": _structural(extra)}
+    if "properties" not in node or extra is True:
+        # Free-form, or known fields beside ones Kubernetes defines (a Volume's source).
+        return {"x-kubernetes-preserve-unknown-fields": True}
+    return {}
+
+
 def _structural(node: dict[str, Any]) -> dict[str, Any]:
     node = dict(node)
     any_of = node.pop("anyOf", None)
@@ -107,12 +118,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
             result[key] = value
     if default is not None and not isinstance(default, dict) and default != []:
         result["default"] = default
-    if node.get("type") == "object" and "properties" not in node:
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict) and extra:
-            result["additionalProperties"] = _structural(extra)
-        else:
-            result["x-kubernetes-preserve-unknown-fields"] = True
+    if node.get("type") == "object":
+        result.update(_unknown_fields(node))
     if "required" in result and not result["required"]:
         del result["required"]
     return result

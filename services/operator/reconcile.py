@@ -65,15 +65,18 @@ from rlrun.operator.config import (
 )
 from rlrun.operator.spec import (
     API_VERSION,
+    DEFAULT_REQUESTS,
     DNS_LABEL,
     KIND,
     MAX_RUN_NAME,
     Placement,
+    PodOverrides,
     Resources,
     RLRunSpec,
     SpecError,
     parse_spec,
 )
+from rlrun.operator.strategic import strategic_merge
 
 GPU = "nvidia.com/gpu"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -357,8 +360,11 @@ class _Builder:
             pod["topologySpreadConstraints"] = constraints
         return pod
 
-    def resources(self, resources: Resources, gpus: int) -> dict[str, Any]:
-        requests = {k: v for k, v in resources.requests.items() if k != GPU}
+    def resources(self, resources: Resources, gpus: int, defaults: dict[str, str]) -> dict[str, Any]:
+        # A resource with a limit and no request gets the limit as its request from the API
+        # server; a default request could exceed a lower limit.
+        defaults = {k: v for k, v in defaults.items() if k not in resources.limits}
+        requests = {**defaults, **{k: v for k, v in resources.requests.items() if k != GPU}}
         limits = {k: v for k, v in resources.limits.items() if k != GPU}
         if gpus:
             limits[GPU] = gpus
@@ -387,6 +393,7 @@ class _Builder:
         image: str,
         resources: Resources,
         placement: Placement | None,
+        overrides: PodOverrides,
         gpus: int = 0,
         ports: list[dict[str, Any]] = (),
         probes: dict[str, dict[str, Any]] | None = None,
@@ -444,6 +451,20 @@ class _Builder:
             volumes.append(volume)
             mounts.append(mount)
             init_containers += init
+        volumes += [volume.model_dump(by_alias=True, exclude_none=True) for volume in overrides.volumes]
+        mounts += [mount.model_dump(by_alias=True, exclude_none=True) for mount in overrides.volume_mounts]
+        env = [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "RLRUN_RUN", "value": self.cluster.name},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+            {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ]
+        own_env = [var.model_dump(by_alias=True, exclude_none=True) for var in overrides.env]
+        replaced = {var["name"] for var in own_env}
+        env = [var for var in env if var["name"] not in replaced] + own_env
         container: dict[str, Any] = {
             "name": component,
             "image": image,
@@ -454,15 +475,7 @@ class _Builder:
                 {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
                 *ports,
             ],
-            "env": [
-                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                {"name": "RLRUN_RUN", "value": self.cluster.name},
-                {"name": "HOME", "value": "/tmp"},
-                {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
-                {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
-                {"name": "PYTHONUNBUFFERED", "value": "1"},
-            ],
+            "env": env,
             "volumeMounts": mounts,
             "securityContext": dict(RESTRICTED_CONTAINER),
         }
@@ -470,9 +483,14 @@ class _Builder:
         if pull_policy:
             for each in (container, *init_containers):
                 each["imagePullPolicy"] = pull_policy
-        container_resources = self.resources(resources, gpus)
-        if container_resources:
-            container["resources"] = container_resources
+        if overrides.env_from:
+            container["envFrom"] = [
+                source.model_dump(by_alias=True, exclude_none=True) for source in overrides.env_from
+            ]
+        defaults = DEFAULT_REQUESTS[
+            TRAINER if component == TRAINER else INFERENCE if component == MODEL_SERVER else component
+        ]
+        container["resources"] = self.resources(resources, gpus, defaults)
         for kind, probe in (probes or {}).items():
             container[f"{kind}Probe"] = probe
         pod_spec: dict[str, Any] = {
@@ -485,21 +503,26 @@ class _Builder:
             "volumes": volumes,
             **self.placement(placement, selector, gpus),
         }
-        if spec.service_account_name:
-            pod_spec["serviceAccountName"] = spec.service_account_name
+        service_account = overrides.service_account_name or spec.service_account_name
+        if service_account:
+            pod_spec["serviceAccountName"] = service_account
         if spec.priority_class_name:
             pod_spec["priorityClassName"] = spec.priority_class_name
         if spec.images.pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
         config_hash = content_hash(config_part(self.raw_config, component))
         annotations = {
+            **overrides.annotations,
             CONFIG_HASH_ANNOTATION: config_hash,
             AUTH_HASH_ANNOTATION: content_hash(self.credentials.token),
         }
-        return {
-            "metadata": {"labels": dict(labels), "annotations": annotations},
+        template = {
+            "metadata": {"labels": {**overrides.labels, **labels}, "annotations": annotations},
             "spec": pod_spec,
         }
+        if overrides.pod_template:
+            template = strategic_merge(template, overrides.pod_template)
+        return template
 
     def model_volume(
         self, image: str, mounts: list[dict[str, Any]]
@@ -534,6 +557,7 @@ class _Builder:
                 {"name": "model", "mountPath": model.mount_path},
             ],
             "securityContext": dict(RESTRICTED_CONTAINER),
+            "resources": {"requests": dict(DEFAULT_REQUESTS["model-download"])},
         }
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": self.cluster.child("model")}}
         return volume, mount, [download]
@@ -787,6 +811,7 @@ class _Builder:
             image=self.image(INFERENCE),
             resources=spec.resources,
             placement=spec.placement,
+            overrides=spec,
             gpus=spec.gpus_per_replica,
             ports=ports,
             probes=self.model_probes(),
@@ -825,6 +850,7 @@ class _Builder:
                 image=self.image(MODEL_SERVER),
                 resources=spec.resources,
                 placement=spec.placement,
+                overrides=spec,
                 gpus=spec.gpus_per_replica,
                 probes=self.model_probes(),
             )
@@ -854,6 +880,7 @@ class _Builder:
                 image=self.image(ENV_SERVER, plan.image),
                 resources=server.resources if server else Resources(),
                 placement=server.placement if server else None,
+                overrides=server or PodOverrides(),
                 probes=self.light_probes(),
             )
             state.objects.append(
@@ -882,6 +909,7 @@ class _Builder:
             image=self.image(ORCHESTRATOR),
             resources=self.spec.orchestrator.resources,
             placement=self.spec.orchestrator.placement,
+            overrides=self.spec.orchestrator,
             probes=self.light_probes(),
             use_claim=shared,
         )
@@ -966,6 +994,7 @@ class _Builder:
             image=self.image(TRAINER),
             resources=spec.resources,
             placement=spec.placement,
+            overrides=spec,
             gpus=spec.gpus_per_node,
             ports=[{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
             probes=probes,

@@ -69,10 +69,132 @@ class Resources(_Model):
     """Compute resources of one container (as in a Pod's `resources`)."""
 
     requests: dict[str, Quantity] = {}
-    """Requested resources, e.g. {cpu: 4, memory: 16Gi}."""
+    """Requested resources, e.g. {cpu: 4, memory: 16Gi}. Default: DEFAULT_REQUESTS of the
+    component (inference and trainer cpu 2, memory 8Gi; orchestrator and env-servers cpu 500m,
+    memory 1Gi), key by key."""
 
     limits: dict[str, Quantity] = {}
     """Resource limits. GPU limits (`nvidia.com/gpu`) are set from the GPU counts, not here."""
+
+
+DEFAULT_REQUESTS: dict[str, dict[str, str]] = {
+    "inference": {"cpu": "2", "memory": "8Gi"},
+    "trainer": {"cpu": "2", "memory": "8Gi"},
+    "orchestrator": {"cpu": "500m", "memory": "1Gi"},
+    "env-server": {"cpu": "500m", "memory": "1Gi"},
+    "model-download": {"cpu": "250m", "memory": "512Mi"},
+}
+"""CPU and memory requests of every container that sets none (a namespace with a ResourceQuota
+refuses pods without requests). A component's `resources.requests` replaces them key by key,
+and a resource it limits gets no default request (the API server takes the limit); no limits
+are set by default (a memory limit below a model's peak would kill the pod)."""
+
+RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "rlrun.dev/", "kueue.x-k8s.io/")
+RESERVED_VOLUMES = ("config", "tmp", "cache", "data", "shm", "tls", "auth", "model")
+"""Volumes the operator mounts itself; extra volumes take other names."""
+
+
+class SecretOrConfigMapRef(_Model):
+    name: str = Field(max_length=253)
+    optional: bool | None = None
+
+
+class EnvFrom(_Model):
+    """Environment variables from every key of a ConfigMap or a Secret (as a container's
+    `envFrom`); the pods read it, the operator does not."""
+
+    config_map_ref: SecretOrConfigMapRef | None = None
+    secret_ref: SecretOrConfigMapRef | None = None
+    prefix: str | None = Field(None, max_length=253)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvFrom:
+        if (self.config_map_ref is None) == (self.secret_ref is None):
+            raise ValueError("set exactly one of configMapRef and secretRef")
+        return self
+
+
+class EnvVar(_Model):
+    """An environment variable (as a container's `env`); it replaces the operator's variable of
+    the same name."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+    """An EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+
+class VolumeMount(_Model):
+    name: str = Field(max_length=63, pattern=DNS_LABEL)
+    """One of this component's `volumes`."""
+    mount_path: str = Field(pattern=r"^/", max_length=1024)
+    read_only: bool | None = None
+    sub_path: str | None = Field(None, max_length=1024, pattern=r"^([^/.][^/]*(/[^/]+)*)?$")
+
+
+class Volume(_Model):
+    """A Pod volume: `name` plus one source as Kubernetes defines it (persistentVolumeClaim,
+    configMap, secret, emptyDir, csi, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        sources = sorted(self.model_extra or {})
+        if len(sources) != 1:
+            raise ValueError(f"volume {self.name}: set exactly one source (got {sources or 'none'})")
+        if self.name in RESERVED_VOLUMES:
+            raise ValueError(f"volume {self.name}: the operator's own volumes are {list(RESERVED_VOLUMES)}")
+        return self
+
+
+class PodOverrides(_Model):
+    """What a component's pods add to what the operator renders."""
+
+    env: list[EnvVar] = Field(default=[], max_length=128)
+    """Environment variables of the main container (replacing the operator's of the same name)."""
+
+    env_from: list[EnvFrom] = Field(default=[], max_length=32)
+    volumes: list[Volume] = Field(default=[], max_length=32)
+    """Extra Pod volumes."""
+
+    volume_mounts: list[VolumeMount] = Field(default=[], max_length=32)
+    """Where the main container mounts them."""
+
+    annotations: dict[str, str] = {}
+    """Pod annotations."""
+
+    labels: dict[str, str] = {}
+    """Pod labels (not app.kubernetes.io/*, rlrun.dev/* or kueue.x-k8s.io/*, which the operator
+    sets)."""
+
+    service_account_name: str | None = Field(None, max_length=253)
+    """ServiceAccount of this component's pods. Default: spec.serviceAccountName."""
+
+    pod_template: dict[str, Any] | None = None
+    """A PodTemplateSpec (metadata, spec) merged over the rendered one last, as `kubectl patch
+    --type strategic` merges: maps merge, lists of containers, initContainers, volumes, env,
+    volumeMounts and ports merge by name (by containerPort for ports), other lists replace, and
+    null removes a field."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PodOverrides:
+        volumes = {volume.name for volume in self.volumes}
+        for mount in self.volume_mounts:
+            if mount.name not in volumes:
+                raise ValueError(f"volumeMounts: {mount.name!r} is not one of volumes {sorted(volumes)}")
+        reserved = [key for key in self.labels if key.startswith(RESERVED_LABEL_PREFIXES)]
+        if reserved:
+            raise ValueError(f"labels: {reserved} are set by the operator")
+        return self
 
 
 class Toleration(_Model):
@@ -126,7 +248,7 @@ class Images(_Model):
     """Names of image pull Secrets in the run's namespace."""
 
 
-class InferenceSpec(_Model):
+class InferenceSpec(PodOverrides):
     """Inference replicas serving the live policy (a StatefulSet behind a headless Service)."""
 
     replicas: int = Field(1, ge=1, le=256)
@@ -148,7 +270,7 @@ class InferenceSpec(_Model):
     placement: Placement | None = None
 
 
-class TrainerSpec(_Model):
+class TrainerSpec(PodOverrides):
     """The trainer: one node, or several joined by torchrun (c10d rendezvous)."""
 
     nodes: int = Field(1, ge=1, le=256)
@@ -170,7 +292,7 @@ class PoolSpec(_Model):
     multiplex: int | None = Field(None, ge=1, le=65536)
 
 
-class EnvServerSpec(_Model):
+class EnvServerSpec(PodOverrides):
     """An env-server: either one the operator runs (`image`, `replicas`, `pool`) or an external
     one (`address` only)."""
 
@@ -221,7 +343,7 @@ class EnvServerSpec(_Model):
         return list(self.envs) or [self.name]
 
 
-class OrchestratorSpec(_Model):
+class OrchestratorSpec(PodOverrides):
     """The orchestrator (one pod)."""
 
     resources: Resources = Resources()

@@ -309,9 +309,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: Any) -> Any:
         # Every read of a Secret, whoever made it: the operator must make none.
-        if request.resource is not None and request.resource.plural == "secrets":
-            if request.action in (kmock.action.FETCH, kmock.action.LIST, kmock.action.WATCH):
-                self.secret_reads.append(f"{request.action.name} {request.name or ''}")
+        reads = (kmock.action.FETCH, kmock.action.LIST, kmock.action.WATCH)
+        if request.resource is not None and request.resource.plural == "secrets" and request.action in reads:
+            self.secret_reads.append(f"{request.action.name} {request.name or ''}")
         content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
         if request.action == kmock.action.UPDATE and content_type.startswith("application/apply-patch"):
             async with self._applying:

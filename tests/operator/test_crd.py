@@ -142,6 +142,11 @@ BAD_SPECS = [
     ("ttlSecondsAfterFinished", -5),
     ("placement.tolerations", [{"effect": "Sometimes"}]),
     ("suspend", "yes"),
+    ("trainer.env", [{"name": "1BAD"}]),
+    ("trainer.volumeMounts", [{"name": "scratch"}]),
+    ("inference.volumes", [{"emptyDir": {}}]),
+    ("orchestrator.envFrom", [{"secretRef": {}}]),
+    ("network.allowedNamespaces", ["Not_A_Namespace"]),
 ]
 
 

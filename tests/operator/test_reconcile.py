@@ -237,7 +237,12 @@ def test_gpu_placement_merges_global_and_component_settings():
     orchestrator = pod(objs[("Deployment", "r-orchestrator")])
     assert orchestrator["nodeSelector"] == {"pool": "rl", "gpu": "any"}
     assert all(t["key"] != GPU for t in orchestrator["tolerations"])
-    assert "resources" not in container(objs[("Deployment", "r-orchestrator")])
+    # A component that sets no resources still requests CPU and memory (ResourceQuotas).
+    assert set(container(objs[("Deployment", "r-orchestrator")])["resources"]) == {"requests"}
+    assert set(container(objs[("Deployment", "r-orchestrator")])["resources"]["requests"]) == {
+        "cpu",
+        "memory",
+    }
     toml = rendered(state)
     assert toml["inference"]["engine"] == "vllm"
     assert toml["inference"]["vllm"]["tensor_parallel_size"] == 2
@@ -844,3 +849,92 @@ def test_the_model_download_fetches_into_the_mounted_directory(tmp_path, monkeyp
 def test_bad_model_sources_are_refused_naming_the_field(model, where):
     state = desired_state(make_run(model=model))
     assert state.objects == [] and where in state.error_message
+
+
+def test_every_container_requests_cpu_and_memory():
+    run = make_run(model={"huggingFace": {"id": "Qwen/Qwen3-0.6B", "cacheSize": "20Gi"}})
+    for obj in desired_state(run).objects:
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            spec = pod(obj)
+            for each in [*spec["containers"], *spec.get("initContainers", [])]:
+                assert {"cpu", "memory"} <= set(each["resources"]["requests"]), (
+                    obj["metadata"]["name"],
+                    each["name"],
+                )
+    # A limit without a request: no default request that could exceed it.
+    limited = objects(desired_state(make_run(trainer={"resources": {"limits": {"memory": "2Gi"}}})))
+    assert container(limited[("StatefulSet", "r-trainer")])["resources"]["requests"] == {"cpu": "2"}
+
+
+POD_OVERRIDES = {
+    "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "HOME", "value": "/scratch"}],
+    "envFrom": [{"secretRef": {"name": "wandb"}}],
+    "volumes": [{"name": "scratch", "persistentVolumeClaim": {"claimName": "fast-scratch"}}],
+    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "annotations": {"example.com/team": "a"},
+    "labels": {"team": "a"},
+    "serviceAccountName": "trainer-sa",
+    "podTemplate": {
+        "spec": {
+            "runtimeClassName": "nvidia",
+            "containers": [{"name": "trainer", "stdin": False, "env": [{"name": "EXTRA", "value": "1"}]}],
+            "terminationGracePeriodSeconds": None,
+        }
+    },
+}
+
+
+def test_pod_customisation_per_component():
+    run = make_run(trainer=POD_OVERRIDES, serviceAccountName="runner")
+    objs = objects(desired_state(run))
+    trainer = objs[("StatefulSet", "r-trainer")]
+    main = container(trainer)
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["HOME"] == "/scratch" and env["EXTRA"] == "1"
+    assert [e["name"] for e in main["env"]].count("HOME") == 1  # replaced, not duplicated
+    assert main["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+    assert {"name": "scratch", "mountPath": "/scratch"} in main["volumeMounts"]
+    assert {"name": "scratch", "persistentVolumeClaim": {"claimName": "fast-scratch"}} in pod(trainer)[
+        "volumes"
+    ]
+    meta = trainer["spec"]["template"]["metadata"]
+    assert meta["labels"]["team"] == "a" and meta["labels"]["rlrun.dev/run"] == "r"
+    assert meta["annotations"]["example.com/team"] == "a"
+    assert pod(trainer)["serviceAccountName"] == "trainer-sa"
+    # podTemplate: merged by name into the trainer container, a new field, a removed one.
+    assert pod(trainer)["runtimeClassName"] == "nvidia" and main["stdin"] is False
+    assert "terminationGracePeriodSeconds" not in pod(trainer)
+    assert main["image"] and main["securityContext"]["readOnlyRootFilesystem"] is True
+    # Other components are untouched.
+    orchestrator = objs[("Deployment", "r-orchestrator")]
+    assert pod(orchestrator)["serviceAccountName"] == "runner"
+    assert "team" not in orchestrator["spec"]["template"]["metadata"]["labels"]
+    for obj in objs.values():
+        for version in K8S_VERSIONS:
+            kubernetes_validate.utils.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "message"),
+    [
+        ({"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}, "spec.trainer", "not one of volumes"),
+        ({"volumes": [{"name": "data", "emptyDir": {}}]}, "spec.trainer.volumes.0", "operator's own volumes"),
+        (
+            {"volumes": [{"name": "two", "emptyDir": {}, "configMap": {"name": "c"}}]},
+            "spec.trainer.volumes.0",
+            "exactly one source",
+        ),
+        ({"labels": {"rlrun.dev/run": "other"}}, "spec.trainer", "set by the operator"),
+        (
+            {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+            "spec.trainer.env.0",
+            "not both",
+        ),
+        ({"envFrom": [{"prefix": "X"}]}, "spec.trainer.envFrom.0", "exactly one of configMapRef"),
+        ({"env": [{"name": "1BAD"}]}, "spec.trainer.env.0.name", "pattern"),
+    ],
+)
+def test_bad_pod_customisation_names_the_field(overrides, path, message):
+    state = desired_state(make_run(trainer=overrides))
+    assert state.error is not None and not state.objects
+    assert state.error.path == path and message in str(state.error), str(state.error)

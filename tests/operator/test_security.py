@@ -59,6 +59,14 @@ def _mounted(state, component_obj, secret) -> dict[str, str]:
     return {f"{mount['mountPath']}/{item['path']}": data[item["key"]] for item in volume["secret"]["items"]}
 
 
+async def _complete(call, streaming: bool) -> None:
+    if streaming:
+        async for _ in call:
+            pass
+    else:
+        await call
+
+
 async def test_every_rpc_is_refused_without_the_runs_token(tmp_path: Path):
     state = desired_state(make_run(inference={"httpPort": 8000}), Defaults(token_key=KEY))
     objs = objects(state)
@@ -108,12 +116,7 @@ async def test_every_rpc_is_refused_without_the_runs_token(tmp_path: Path):
                         )
                         argument = iter([request]) if method.client_streaming else request
                         with pytest.raises(grpc.aio.AioRpcError) as refused:
-                            result = call(argument, timeout=5)
-                            if method.server_streaming:
-                                async for _ in result:
-                                    pass
-                            else:
-                                await result
+                            await _complete(call(argument, timeout=5), method.server_streaming)
                         # Without the token the gate refuses; with it the call gets through
                         # to the (unimplemented) servicer.
                         assert refused.value.code() == expected, (path, token)
