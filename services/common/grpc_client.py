@@ -93,7 +93,8 @@ class ClientOptions:
 
 
 def retry_service_config(retries: int) -> dict:
-    """The channel service config: retry UNAVAILABLE, `retries` attempts in all."""
+    """The channel service config: round_robin over the target's addresses, and retry
+    UNAVAILABLE, `retries` attempts in all."""
     attempts = max(1, min(int(retries), MAX_ATTEMPTS))
     method_config: dict = {"name": [{}]}
     if attempts >= 2:
@@ -104,7 +105,10 @@ def retry_service_config(retries: int) -> dict:
             "backoffMultiplier": 2,
             "retryableStatusCodes": ["UNAVAILABLE"],
         }
-    return {"methodConfig": [method_config]}
+    # round_robin spreads calls over every address the target resolves to: the pods behind a
+    # headless Service (a `dns:///` target) or an `ipv4:a:p,b:q` list. With one address it
+    # behaves as the default pick_first.
+    return {"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": [method_config]}
 
 
 def channel_options(options: ClientOptions) -> list[tuple[str, object]]:

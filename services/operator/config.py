@@ -240,7 +240,9 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
             env["address"] = external[key]
         elif key in server_of:
             server = server_of[key]
-            env["address"] = f"{cluster.host(env_server_name(cluster, server))}:{GRPC_PORT}"
+            # dns:/// makes gRPC resolve every pod of the headless Service (not one address),
+            # and round_robin (rlrun.common.grpc_client) spreads the groups over them.
+            env["address"] = f"dns:///{cluster.host(env_server_name(cluster, server))}:{GRPC_PORT}"
             if server in pools:
                 pool = pools[server]
                 env["pool"] = {

@@ -173,7 +173,8 @@ def test_sample_reverse_text_on_one_inference_and_one_trainer_gpu():
     assert toml["trainer"]["address"] == f"reverse-text-trainer-0.reverse-text-trainer.{domain}:50051"
     assert toml["orchestrator"]["address"] == f"reverse-text-orchestrator.{domain}:50051"
     assert (
-        toml["orchestrator"]["train"]["env"][0]["address"] == f"reverse-text-env-reverse-text.{domain}:50051"
+        toml["orchestrator"]["train"]["env"][0]["address"]
+        == f"dns:///reverse-text-env-reverse-text.{domain}:50051"
     )
     assert toml["orchestrator"]["train"]["env"][0]["pool"] == {"type": "static", "num_workers": 2}
     assert toml["inference"]["device"] == toml["trainer"]["device"] == "cuda"
@@ -288,10 +289,12 @@ def test_env_servers_split_environments_and_a_default_server_hosts_the_rest():
     assert container(default)["args"][-4:] == ["--env", "reverse-text", "--env", "debate-a"]
     assert container(default)["image"] == Defaults().images["env-server"]
     envs = {e.get("name") or e["id"]: e for e in rendered(state)["orchestrator"]["train"]["env"]}
-    assert envs["alphabet-sort"]["address"] == "r-env-sorting.ns.svc.cluster.local:50051"
+    assert envs["alphabet-sort"]["address"] == "dns:///r-env-sorting.ns.svc.cluster.local:50051"
     assert envs["alphabet-sort"]["pool"] == {"type": "elastic", "num_workers": 2, "max_workers": 8}
     assert (
-        envs["debate-a"]["address"] == envs["reverse-text"]["address"] == "r-env.ns.svc.cluster.local:50051"
+        envs["debate-a"]["address"]
+        == envs["reverse-text"]["address"]
+        == "dns:///r-env.ns.svc.cluster.local:50051"
     )
 
 
