@@ -12,7 +12,16 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
 .PHONY: setup prometheus-tools run test test-slow test-gpu test-vllm-cpu proto lint bench crd chart clean
 
-setup: $(STAMP) prometheus-tools $(NODE_STAMP)
+# The Node example env-server's packages (tests/e2e/test_external_env.py runs it through
+# `rlrun local`): `npm ci` again only when its lock file changes.
+EXTERNAL_ENV_NODE := examples/external_env_node
+EXTERNAL_ENV_NODE_STAMP := $(EXTERNAL_ENV_NODE)/node_modules/.package-lock.json
+
+setup: $(STAMP) prometheus-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP)
+
+$(EXTERNAL_ENV_NODE_STAMP): $(EXTERNAL_ENV_NODE)/package-lock.json
+	cd $(EXTERNAL_ENV_NODE) && npm ci --no-audit --no-fund --silent
+	touch $@
 
 # promtool and prometheus (Debian's `prometheus`) for the chart's rule tests and the real-Prometheus
 # observability tests, installed only when missing (CI runs as root; elsewhere through sudo).

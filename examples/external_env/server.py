@@ -2,7 +2,9 @@
 
 It imports nothing from rlrun but the generated `rlrun.v1` stubs (plus grpcio and the
 standard library), to show that env.proto and the files it imports are all an external
-environment needs. It serves one environment, `reverse-text` (reverse a string of
+environment needs. It needs no grpc.health.v1 either: the orchestrator polls GetInfo. It
+renders token ids itself (token level: Generate), so it declares its tokenizer in GetInfo;
+examples/external_env_node shows the text level (GenerateChat), with no tokenizer. It serves one environment, `reverse-text` (reverse a string of
 lowercase letters; reward 1 − normalised edit distance), with the rlrun chat format for the
 in-repo character tokenizer, and implements the whole EnvService: GetInfo, RunRollout,
 RunGroup (one Generate call with n = group size), RunAlgorithms (it owns none) and Cancel.
@@ -50,6 +52,7 @@ class ChatFormat:
 
     def __init__(self, path: Path):
         spec = json.loads(path.read_text())
+        self.name = f"char:{path.name}"  # how inference names a character tokenizer file
         self.vocab = spec["specials"] + spec["chars"]
         self.ids = {token: i for i, token in enumerate(self.vocab)}
         self.specials = len(spec["specials"])
@@ -144,8 +147,8 @@ def check_plan(plan: plan_pb2.GenerationPlan, vocab_size: int) -> plan_pb2.PlanT
 
 
 class ExternalEnvServicer(env_pb2_grpc.EnvServiceServicer):
-    def __init__(self, chat: ChatFormat, env: ReverseText, temperature: float, max_model_len: int):
-        self.chat, self.env, self.temperature, self.max_model_len = chat, env, temperature, max_model_len
+    def __init__(self, chat: ChatFormat, env: ReverseText, max_model_len: int):
+        self.chat, self.env, self.max_model_len = chat, env, max_model_len
         self.stubs: dict[str, inference_pb2_grpc.InferenceServiceStub] = {}
         self.turn = 0
         self.running: dict[
@@ -184,9 +187,8 @@ class ExternalEnvServicer(env_pb2_grpc.EnvServiceServicer):
         sampling = inference_pb2.GenerateRequest().sampling
         sampling.CopyFrom(target.sampling)
         sampling.n = n
+        # The plan's stop_token_ids already end a reply at <|end|>; only the context is ours to fit.
         sampling.max_tokens = min(sampling.max_tokens, self.max_model_len - len(prompt))
-        if self.chat.end not in sampling.stop_token_ids:
-            sampling.stop_token_ids.append(self.chat.end)
         reply = await self.stub(target.model.addresses).Generate(
             inference_pb2.GenerateRequest(
                 request_id=uuid.uuid4().hex, prompt_token_ids=prompt, sampling=sampling
@@ -305,7 +307,15 @@ class ExternalEnvServicer(env_pb2_grpc.EnvServiceServicer):
     # -- RPCs ----------------------------------------------------------------------------------
 
     async def GetInfo(self, request, context):
-        info = env_pb2.EnvInfo(env_id=ENV_ID, task_counts=self.env.sizes, temperature=self.temperature)
+        # This server renders token ids itself, so it declares its tokenizer: the run refuses to
+        # start when the model serves another. No temperature is declared: it samples at the
+        # plan's, which is the one the trainer uses.
+        info = env_pb2.EnvInfo(
+            env_id=ENV_ID,
+            task_counts=self.env.sizes,
+            tokenizer=plan_pb2.TokenizerInfo(name=self.chat.name, vocab_size=len(self.chat.vocab)),
+            reward_range=env_pb2.RewardRange(min=0.0, max=1.0),
+        )
         return env_pb2.GetInfoResponse(envs=[info])
 
     async def RunRollout(self, request, context):
@@ -349,9 +359,7 @@ class ExternalEnvServicer(env_pb2_grpc.EnvServiceServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     chat = ChatFormat(args.tokenizer)
-    servicer = ExternalEnvServicer(
-        chat, ReverseText(args.seed, args.eval_size), args.temperature, args.max_model_len
-    )
+    servicer = ExternalEnvServicer(chat, ReverseText(args.seed, args.eval_size), args.max_model_len)
     server = grpc.aio.server()
     env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
@@ -367,7 +375,6 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=Path("configs/tokenizer/char.json"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-size", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=1.0, help="reported by GetInfo")
     parser.add_argument("--max-model-len", type=int, default=32, help="context length of the model")
     asyncio.run(serve(parser.parse_args()))
 
