@@ -12,7 +12,7 @@ from typing import TypeVar
 from rlrun.common.config import EnvConfig, RunConfig
 from rlrun.common.errors import RequestError
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.common.tokenizer import load_tokenizer
+from rlrun.common.tokenizer_info import load_with_info
 from rlrun.common.types import GenerationPlan, Trace, TraceError
 from rlrun.common.wire import trace_to_proto
 from rlrun.env_server.algorithms import BranchResult, run_env_algorithms
@@ -62,7 +62,8 @@ class EnvHost:
         init_env(self.key)
         self.env = make_env(entry.id, entry.args)
         self.temperature = entry.sampling.apply(config.orchestrator.train.sampling).temperature
-        self.vocab_size = load_tokenizer(config.model.tokenizer, config.model.path).vocab_size
+        tokenizer, self.tokenizer = load_with_info(config.model.tokenizer, config.model.path)
+        self.vocab_size = tokenizer.vocab_size
         self.pool = WorkerPool(
             WorkerSpec(
                 env_key=self.key,
@@ -100,6 +101,8 @@ class EnvHost:
             algorithms=sorted(self.env.algorithms()),
             members=list(self.env.members),
             temperature=self.temperature,
+            # The workers render ids with this tokenizer: the orchestrator refuses a model serving another.
+            tokenizer=self.tokenizer,
         )
 
     def task(self, ref: trace_pb2.TaskRef, where: str = "task") -> Task:
