@@ -10,7 +10,7 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup prometheus-tools run test test-slow test-gpu test-vllm-cpu proto lint bench crd chart clean
+.PHONY: setup prometheus-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
 
 # The Node example env-server's packages (tests/e2e/test_external_env.py runs it through
 # `rlrun local`): `npm ci` again only when its lock file changes.
@@ -60,6 +60,10 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The unit tier alone: no services started, under a minute.
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
+
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
@@ -86,9 +90,14 @@ test-vllm-cpu: setup $(VLLM_CPU_STAMP)
 proto: setup
 	$(BIN)/python -m rlrun.common.protogen
 
-lint: setup
+lint: setup typecheck
 	$(BIN)/ruff check services tests examples
 	$(BIN)/ruff format --check services tests examples
+
+# mypy over services/ as the package it installs as (`rlrun`): .typecheck/rlrun links to it.
+typecheck: setup
+	mkdir -p .typecheck && ln -sfn ../services .typecheck/rlrun
+	$(BIN)/mypy -p rlrun
 
 bench: setup
 	for name in inference env-server trainer orchestrator async stack; do $(BIN)/rlrun bench $$name || exit 1; done

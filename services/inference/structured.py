@@ -41,6 +41,7 @@ def _llg():
 
     return llguidance
 
+
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """llguidance's JSON options: the separators `json.dumps` writes, and no other whitespace."""
 

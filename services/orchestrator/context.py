@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 def model_vocab_size(config: RunConfig) -> int:
     path = config.model.path / "config.json" if config.model.path is not None else config.model.config
+    if path is None:
+        raise ConfigError("model.config", "set model.path or model.config")
     return int(json.loads(Path(path).read_text())["vocab_size"])
 
 

@@ -129,7 +129,7 @@ class StepLoop:
             scheduler.begin_batch(target)
             started = time.monotonic()
             credit_seconds = 0.0
-            groups = []
+            groups: list[RolloutGroup] = []
             while len(groups) < phase.settings.batch_size:
                 group = await self._take(scheduler, training)
                 credit_started = time.monotonic()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from rlrun.inference.sampler import RowSettings
+    from rlrun.inference.sampler import LogitAdjustments, RowSettings
 
 History = Callable[[int], tuple[Sequence[int], Sequence[int]]]
 """Row -> (its prompt, the tokens it has generated so far)."""
@@ -53,3 +53,9 @@ def token_mask(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.d
     for row, tokens in enumerate(token_lists):
         mask[row, list(tokens)] = True
     return mask
+
+
+def knobs(row: RowSettings) -> LogitAdjustments:
+    """The row's OpenAI knobs (only rows that have them reach a processor that reads them)."""
+    assert row.adjustments is not None
+    return row.adjustments

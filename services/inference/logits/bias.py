@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlrun.inference.logits.base import History, LogitsProcessor, Rows
+from rlrun.inference.logits.base import History, LogitsProcessor, Rows, knobs
 
 
 class LogitBias(LogitsProcessor):
@@ -18,7 +18,7 @@ class LogitBias(LogitsProcessor):
 
     @classmethod
     def create(cls, rows: Rows, device: torch.device | str, history: History | None) -> LogitBias | None:
-        biased = [(row, token, bias) for row, r in rows for token, bias in r.adjustments.logit_bias.items()]
+        biased = [(row, token, bias) for row, r in rows for token, bias in knobs(r).logit_bias.items()]
         if not biased:
             return None
         rows_of, tokens_of, values = zip(*biased, strict=True)

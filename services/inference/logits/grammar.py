@@ -10,7 +10,7 @@ from rlrun.inference.logits.base import History, LogitsProcessor, Rows
 
 class Grammar(LogitsProcessor):
     def __init__(self, rows: Rows, device: torch.device | str):
-        self.grammars = [r.grammar for _, r in rows]
+        self.grammars = [g for _, r in rows if (g := r.grammar) is not None]
         self.rows = torch.tensor([row for row, _ in rows], device=device)
         self._bitmask: torch.Tensor | None = None
         """[grammar rows, mask words]: where the grammars write the tokens they allow (on the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlrun.inference.logits.base import History, LogitsProcessor, Rows, token_mask
+from rlrun.inference.logits.base import History, LogitsProcessor, Rows, knobs, token_mask
 
 
 class MinTokens(LogitsProcessor):
@@ -24,7 +24,7 @@ class MinTokens(LogitsProcessor):
     def create(cls, rows: Rows, device: torch.device | str, history: History | None) -> MinTokens | None:
         if history is None:
             raise ValueError("penalised and min_tokens rows need their history")
-        held = [(row, r.adjustments) for row, r in rows if r.adjustments.min_tokens > len(history(row)[1])]
+        held = [(row, knobs(r)) for row, r in rows if knobs(r).min_tokens > len(history(row)[1])]
         if not held:
             return None
         return cls(

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 import torch
 
-from rlrun.inference.logits.base import History, LogitsProcessor, Rows, token_mask
+from rlrun.inference.logits.base import History, LogitsProcessor, Rows, knobs, token_mask
 
 
 class Penalties(LogitsProcessor):
     def __init__(self, rows: Rows, device: torch.device | str, history: History):
         self.penalised = torch.tensor([row for row, _ in rows], device=device)
-        adjustments = [r.adjustments for _, r in rows]
+        adjustments = [knobs(r) for _, r in rows]
         self.presence = torch.tensor([a.presence_penalty for a in adjustments], device=device)[:, None]
         self.frequency = torch.tensor([a.frequency_penalty for a in adjustments], device=device)[:, None]
         self.repetition: torch.Tensor | None = None
@@ -47,6 +47,7 @@ class Penalties(LogitsProcessor):
         counts = self._counts if self._counts is not None else self._start(logits.shape[-1], logits.device)
         rows = logits.index_select(0, self.penalised)
         if self.repetition is not None:
+            assert self._in_prompt is not None
             factor = torch.where(rows > 0, 1 / self.repetition, self.repetition)
             rows = torch.where(self._in_prompt | (counts > 0), rows * factor, rows)
         rows = rows - counts * self.frequency - (counts > 0) * self.presence

@@ -28,7 +28,9 @@ class Replica(inference_pb2_grpc.InferenceServiceServicer):
         completion = inference_pb2.Completion(
             token_ids=[7], logprobs=[-0.5], finish_reason=inference_pb2.FINISH_REASON_STOP
         )
-        return inference_pb2.GenerateResponse(completions=[completion], prompt_tokens=len(request.prompt_token_ids))
+        return inference_pb2.GenerateResponse(
+            completions=[completion], prompt_tokens=len(request.prompt_token_ids)
+        )
 
 
 async def serve(replica: Replica, port: int = 0) -> tuple[grpc.aio.Server, str]:

@@ -19,9 +19,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from byte_level import byte_level_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # the shared test helpers
+from byte_level import byte_level_tokenizer  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from reference_sampling import adjusted_logits, grammar_masked_logits
+from reference_sampling import adjusted_logits, grammar_masked_logits  # noqa: E402
 
 from rlrun.bench.services import free_port, start_service, stop_service
 from rlrun.common.config import load_config

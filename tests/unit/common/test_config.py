@@ -108,7 +108,7 @@ def test_shipped_config_with_old_keys_matches_the_original(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text, path",
+    ("text", "path"),
     [
         (
             "[orchestrator.sampling]\n[orchestrator.train.sampling]\n[[orchestrator.train.env]]\nid='x'",
@@ -132,7 +132,7 @@ def test_old_and_new_spelling_together_is_an_error(text, path):
 
 
 @pytest.mark.parametrize(
-    "patch, path",
+    ("patch", "path"),
     [
         ({"orchestrator": {"max_steps": 0}}, "orchestrator.max_steps"),
         ({"orchestrator": {"train": {"env": [{"id": "a", "ratio": -1}]}}}, "orchestrator.train.env.0.ratio"),

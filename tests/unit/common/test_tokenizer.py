@@ -8,7 +8,7 @@ import pytest
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import CharTokenizer, ChatMessage, load_tokenizer, render_chat
 
-from ...integration.inference.byte_level import byte_level_tokenizer
+from ...support.byte_level import byte_level_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 CHAR = REPO / "configs/tokenizer/char.json"

@@ -104,7 +104,7 @@ def corrupt(mutate) -> trace_pb2.Trace:
 
 
 @pytest.mark.parametrize(
-    "mutate, field, text",
+    ("mutate", "field", "text"),
     [
         (
             lambda m: m.branches[0].mask.append(True),
@@ -184,7 +184,7 @@ def test_batch_round_trip():
 
 
 @pytest.mark.parametrize(
-    "mutate, field",
+    ("mutate", "field"),
     [
         (lambda m: m.samples[1].mask.append(True), "batch.samples[1].mask"),
         (lambda m: m.samples[0].temperatures.__setitem__(1, 0.0), "batch.samples[0].temperatures[1]"),
@@ -214,7 +214,7 @@ def test_sampling_round_trip_and_defaults():
 
 
 @pytest.mark.parametrize(
-    "params, kwargs, field",
+    ("params", "kwargs", "field"),
     [
         (SamplingParams(max_tokens=4, temperature=-1.0), {}, "sampling.temperature"),
         (SamplingParams(max_tokens=0), {}, "sampling.max_tokens"),

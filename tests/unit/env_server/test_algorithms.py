@@ -60,7 +60,7 @@ def test_results_for_one_branch_merge_channels_and_or_masks():
 
 
 @pytest.mark.parametrize(
-    "result, message",
+    ("result", "message"),
     [
         (BranchResult("nobody", 0, [], []), "does not exist"),
         (BranchResult("A", 1, [], []), "does not exist"),

@@ -25,7 +25,7 @@ def test_named_entries_are_hosted_even_with_an_address():
 
 
 @pytest.mark.parametrize(
-    "names, message", [(["nope"], "'nope' names no"), ([], "every orchestrator.train.env")]
+    ("names", "message"), [(["nope"], "'nope' names no"), ([], "every orchestrator.train.env")]
 )
 def test_bad_selections_are_errors(names, message):
     with pytest.raises(ValueError, match=message):

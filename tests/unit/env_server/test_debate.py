@@ -55,7 +55,7 @@ def test_questions_are_seeded_with_known_answers_and_a_disjoint_eval_split():
     for idx in range(20):
         task = env.taskset.get("train", idx)
         a, b = task.data["numbers"]
-        assert task.prompt == f"max({a},{b})" and a != b and 10 <= min(a, b) and max(a, b) <= 99
+        assert task.prompt == f"max({a},{b})" and a != b and min(a, b) >= 10 and max(a, b) <= 99
         assert task.data["answer"] == str(max(a, b)) == env.reference_answer(task)
         assert not in_eval_bucket(task.example_id, 16)
     assert env.taskset.get("train", 7) == Debate(seed=3).taskset.get("train", 7)
@@ -63,7 +63,7 @@ def test_questions_are_seeded_with_known_answers_and_a_disjoint_eval_split():
 
 
 @pytest.mark.parametrize(
-    "a, b, judged",
+    ("a", "b", "judged"),
     [("52", "37", "a"), ("37", "52", "b"), ("52", "52", DRAW), ("37", "37", DRAW), ("", "x", DRAW)],
 )
 def test_the_rule_judge_rules_for_the_only_correct_debater(a, b, judged):

@@ -36,7 +36,7 @@ def task(prompt: str, answer: str, **data) -> Task:
 
 
 @pytest.mark.parametrize(
-    "answer, reward", [("cba", 1.0), ("", 0.0), ("cb", 1 - 1 / 3), ("abc", 1 - 2 / 3), ("cbaa", 0.75)]
+    ("answer", "reward"), [("cba", 1.0), ("", 0.0), ("cb", 1 - 1 / 3), ("abc", 1 - 2 / 3), ("cbaa", 0.75)]
 )
 def test_reverse_text_scores_one_minus_normalised_edit_distance(tokenizer, answer, reward):
     score = ReverseText().score(task("abc", "cba"), answered(tokenizer, task("abc", "cba"), answer))
@@ -79,7 +79,7 @@ def test_alphabet_sort_multi_turn_feedback_and_turn_penalty(tokenizer):
     assert rewriting.feedback(t, answered(tokenizer, t, "bacd")) == "bacd 2/4"
 
 
-@pytest.mark.parametrize("answer, correct", [("46", 1.0), (" 46", 1.0), ("45", 0.0), ("", 0.0)])
+@pytest.mark.parametrize(("answer", "correct"), [("46", 1.0), (" 46", 1.0), ("45", 0.0), ("", 0.0)])
 def test_arithmetic_is_exact_match(tokenizer, answer, correct):
     t = task("12+34", "46")
     assert Arithmetic().score(t, answered(tokenizer, t, answer)).rewards["correct"].score == correct
@@ -104,7 +104,7 @@ def _split(problem: str) -> tuple[int, str, int]:
 
 
 @pytest.mark.parametrize(
-    "expression, result",
+    ("expression", "result"),
     [("2+3*4", "14"), ("(2+3)*4", "20"), ("-5*3", "-15"), ("7//2", "3"), ("7%4", "3"), (" 417*38 ", "15846")],
 )
 def test_the_calculator_evaluates_integer_arithmetic(expression, result):
@@ -150,7 +150,7 @@ def test_the_registry_knows_every_builtin_and_import_paths():
 
 
 @pytest.mark.parametrize(
-    "env_id, args, message",
+    ("env_id", "args", "message"),
     [
         ("nope", {}, "unknown environment"),
         ("rlrun.env_server.envs.arithmetic:Nothing", {}, "cannot import"),

@@ -39,7 +39,7 @@ def test_builder_makes_one_branch_per_leaf_in_creation_order():
 
 
 @pytest.mark.parametrize(
-    "tokens, mask, logprobs, parent, error",
+    ("tokens", "mask", "logprobs", "parent", "error"),
     [
         ([1, 2], [True], [-1.0], None, ValueError),
         ([1, 2], [True, False], [], None, ValueError),

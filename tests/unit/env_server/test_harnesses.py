@@ -75,7 +75,7 @@ async def test_rewritten_history_gives_the_model_only_the_latest_feedback(tokeni
 
 
 @pytest.mark.parametrize(
-    "text, call",
+    ("text", "call"),
     [
         ("calc(1+2)", ("calc", "1+2")),
         (" calc( 3*4 ) ", ("calc", " 3*4 ")),

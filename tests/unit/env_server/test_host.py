@@ -55,7 +55,8 @@ def test_info_reports_the_entry(host):
 
 
 @pytest.mark.parametrize(
-    "split, idx, field", [("dev", 0, "task.split"), ("eval", 256, "task.idx"), ("train", -5, "task.idx")]
+    ("split", "idx", "field"),
+    [("dev", 0, "task.split"), ("eval", 256, "task.idx"), ("train", -5, "task.idx")],
 )
 def test_task_lookups_outside_the_taskset_name_the_field(host, split, idx, field):
     with pytest.raises(RequestError) as caught:
@@ -64,7 +65,7 @@ def test_task_lookups_outside_the_taskset_name_the_field(host, split, idx, field
 
 
 @pytest.mark.parametrize(
-    "the_plan, field",
+    ("the_plan", "field"),
     [
         (GenerationPlan({}), "plan.targets"),
         (plan(stop_token_ids=[1000]), "plan.targets[0].sampling.stop_token_ids[0]"),

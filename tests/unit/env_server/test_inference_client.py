@@ -44,7 +44,7 @@ def test_a_well_formed_reply_becomes_completions():
 
 
 @pytest.mark.parametrize(
-    "completions, n",
+    ("completions", "n"),
     [
         ([dict(token_ids=[5], logprobs=[-0.1], finish_reason=STOP)], 2),
         ([dict(token_ids=[5, 6], logprobs=[-0.1], finish_reason=STOP)], 1),
@@ -86,7 +86,7 @@ def test_calls_go_to_the_replica_with_fewest_in_flight_and_ties_rotate():
 
 
 @pytest.mark.parametrize(
-    "code, retryable",
+    ("code", "retryable"),
     [
         (grpc.StatusCode.UNAVAILABLE, True),
         (grpc.StatusCode.DEADLINE_EXCEEDED, True),

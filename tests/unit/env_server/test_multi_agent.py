@@ -60,7 +60,7 @@ def assistant_nodes(conversation):
 
 
 @pytest.mark.parametrize(
-    "text, public",
+    ("text", "public"),
     [
         ("42", "42"),
         ("<think>a is 4</think>42", "42"),
@@ -254,7 +254,7 @@ async def test_each_member_gets_its_own_trace(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "env, message",
+    ("env", "message"),
     [
         (Duel(cover=("alice",)), "missing: ['bob']"),
         (Duel(cover=("alice", "bob", "carol")), "unknown: ['carol']"),

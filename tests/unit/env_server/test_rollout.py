@@ -94,7 +94,7 @@ async def test_a_group_becomes_validated_traces_in_order(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "error, kind, retryable",
+    ("error", "kind", "retryable"),
     [
         (ModelCallError("UNAVAILABLE", "down", retryable=True), "ModelCallError", True),
         (ModelCallError("INVALID_ARGUMENT", "bad", retryable=False), "ModelCallError", False),

@@ -6,7 +6,7 @@ from rlrun.env_server.scoring import exact_match, levenshtein, similarity
 
 
 @pytest.mark.parametrize(
-    "a, b, distance",
+    ("a", "b", "distance"),
     [
         ("", "", 0),
         ("abc", "", 3),
@@ -23,7 +23,7 @@ def test_levenshtein_on_hand_made_cases(a, b, distance):
 
 
 @pytest.mark.parametrize(
-    "answer, target, score",
+    ("answer", "target", "score"),
     [
         ("abc", "abc", 1.0),
         ("", "", 1.0),
@@ -39,7 +39,7 @@ def test_similarity_is_one_minus_the_normalised_distance(answer, target, score):
 
 
 @pytest.mark.parametrize(
-    "answer, target, score", [(" 42 ", "42", 1.0), ("42", "43", 0.0), ("", "0", 0.0), ("-7", "-7", 1.0)]
+    ("answer", "target", "score"), [(" 42 ", "42", 1.0), ("42", "43", 0.0), ("", "0", 0.0), ("-7", "-7", 1.0)]
 )
 def test_exact_match(answer, target, score):
     assert exact_match(answer, target) == score

@@ -41,7 +41,7 @@ def test_a_task_carries_its_example():
 
 
 @pytest.mark.parametrize(
-    "split, idx, error",
+    ("split", "idx", "error"),
     [
         ("train", 1_000_000, IndexError),
         ("train", -1, IndexError),

@@ -111,7 +111,7 @@ def test_llguidance_is_imported_only_once_a_grammar_is_used():
         "import rlrun.inference.sampler, rlrun.inference.structured, rlrun.inference.engines.torch_core\n"
         "assert 'llguidance' not in sys.modules\n"
         "from rlrun.inference.structured import grammar\n"
-        "grammar('{\"type\": \"object\"}')\n"
+        'grammar(\'{"type": "object"}\')\n'
         "assert 'llguidance' in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -20,7 +20,7 @@ from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
 from rlrun.inference.structured import GrammarCompiler
 
-from ...integration.inference import reference_sampling
+from ...support import reference_sampling
 from .conftest import MAX_MODEL_LEN, REPO, tiny_model
 
 
