@@ -40,7 +40,11 @@ def inference(inference_server) -> Iterator[env_test_support.ScriptedInference]:
 
 @pytest.fixture(scope="session")
 def builtin_server(tmp_path_factory) -> Iterator[Server]:
-    server = serve_builtin(tmp_path_factory.mktemp("builtin"), BUILTIN_ENVS)
+    # Generate waits out a replica answering UNAVAILABLE for grpc.unavailable_retry_s (120 s by
+    # default, longer than a restart); a second here shows what comes after that wait.
+    server = serve_builtin(
+        tmp_path_factory.mktemp("builtin"), BUILTIN_ENVS, "[grpc]\nunavailable_retry_s = 1.0"
+    )
     yield server
     server.stop()
 

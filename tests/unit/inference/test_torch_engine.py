@@ -343,9 +343,9 @@ async def test_a_failed_weight_update_leaves_model_and_version_unchanged(engine)
     params = SamplingParams(max_tokens=15, temperature=0.0)
     [before] = await engine.generate(PROMPTS[0], params)
     await engine.update_weights({k: v.clone() for k, v in engine.weight_specs().items()}, version=3)
+    # (An older version is the servicer's to refuse, unless the trainer marks a rollback:
+    # tests/integration/inference/test_grpc_service.py.)
     other = {k: v.clone() for k, v in tiny_model(seed=11).state_dict().items()}
-    with pytest.raises(RequestError, match="older"):
-        await engine.update_weights(other, version=2)
     broken = dict(other)
     broken["lm_head.weight"] = broken["lm_head.weight"][:, :-1]
     with pytest.raises(RequestError, match="lm_head.weight"):

@@ -88,9 +88,11 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
         assert (after.policy_version_start, after.policy_version_end) == (2, 2)
         assert engine.status().policy_version == 2
 
-        # Tensors from anywhere else are copied in; a refused update changes nothing.
-        with pytest.raises(RequestError, match="older"):
-            await engine.update_weights(broadcast_tensors(model), 1)
+        # Tensors from anywhere else are copied in; a refused update changes nothing (an older
+        # version is the servicer's to refuse: tests/integration/inference/test_grpc_service.py).
+        broken = {**broadcast_tensors(model), "lm_head.weight": torch.zeros(1)}
+        with pytest.raises(RequestError, match="lm_head.weight"):
+            await engine.update_weights(broken, 4)
         [unchanged] = await engine.generate([5, 6, 7, 8], greedy)
         assert unchanged.token_ids == after.token_ids and engine.policy_version == 2
         # Received elsewhere (a buffer of its own): copied in, not read from the staging area.
@@ -139,7 +141,7 @@ async def test_answers_updates_and_stop_match_the_in_process_model():
 async def test_an_update_is_committed_in_order_before_the_engine_copies_it_in():
     """update_weights returns once the update is queued ahead of every later request, not
     after the engine process has copied it in; the next update waits for the staging area,
-    and a committed update the engine then fails to apply stops the engine loudly."""
+    and a committed update the engine then cannot apply stops the engine loudly."""
     config = engine_config()
     models = {1: build_model(engine_config(seed=11).model), 2: build_model(config.model)}
     engine = TorchEngineProcess(config)
@@ -168,8 +170,9 @@ async def test_an_update_is_committed_in_order_before_the_engine_copies_it_in():
         await busy
         assert REGISTRY.get_sample_value("rlrun_inference_weight_apply_seconds_count") == applied + 2
 
-        engine._commit(lambda rid: _ApplyStaged(rid, 1, None), 1)  # skips update_weights' checks
-        assert "failed to apply committed weights" in str(await asyncio.wait_for(died, 30))
+        # Skips update_weights' checks: no tensor has an offset in the staging area.
+        engine._commit(lambda rid: _ApplyStaged(rid, 3, {}), 3)
+        assert "the engine process exited (exit code 1)" in str(await asyncio.wait_for(died, 30))
         with pytest.raises(RuntimeError, match="not running"):
             await engine.generate([5], greedy)
     finally:
