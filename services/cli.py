@@ -11,6 +11,7 @@ from pathlib import Path
 from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import ConfigError, load_config_with_warnings
 from rlrun.common.config.env import check_external_envs
+from rlrun.common.hub import resolve_hub_model
 
 SERVICES = {
     "inference": "rlrun.inference.cli",
@@ -205,6 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"rlrun: the {args.service} service is not available in this installation")
     try:
         config, _ = load_config_with_warnings(args.config, args.overrides)
+        config = resolve_hub_model(config)
     except ConfigError as error:
         print(f"rlrun: invalid config: {error}", file=sys.stderr)
         return 2
@@ -220,6 +222,10 @@ def _local(args: argparse.Namespace) -> int:
     try:
         config, warnings = load_config_with_warnings(args.config, overrides)
         check_external_envs(config.orchestrator.train.env)
+        # A Hub model is downloaded here, once; the services look up the same commit in the cache.
+        config = resolve_hub_model(config)
+        if config.model.hub_id is not None:
+            overrides.append(f"model.hub_revision={json.dumps(config.model.hub_revision)}")
     except ConfigError as error:
         print(f"rlrun: invalid config: {error}", file=sys.stderr)
         return 2

@@ -180,6 +180,18 @@ def plan_env_servers(spec: RLRunSpec, config: RunConfig) -> tuple[dict[str, str]
     return external, managed
 
 
+def _refuse_hub_id(config: RunConfig, where: str) -> None:
+    """One meaning of a Hub model in the cluster: spec.model.huggingFace downloads it once per
+    run into a volume every pod that loads it mounts (the light images carry no huggingface_hub,
+    and each pod downloading on its own would fetch it once per pod and restart)."""
+    if config.model.hub_id is not None:
+        raise ConfigError(
+            f"{where}.model.hub_id",
+            "in the cluster a Hub model is named in spec.model.huggingFace.id "
+            f"(here: id: {config.model.hub_id}), which downloads it once per run",
+        )
+
+
 def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
     """Validates the user's config and renders the run file for the pods. Raises ConfigError
     (its path names `spec.config` / `spec.configSpec` and the key at fault)."""
@@ -197,6 +209,7 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
         if target.kind == "inference" and not target.addresses
     ]
 
+    _refuse_hub_id(config, where)
     if spec.model is not None:
         _table(raw, "model")["path"] = spec.model.path
 
