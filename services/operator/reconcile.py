@@ -202,6 +202,27 @@ class Defaults:
     spec.network.metricsNamespaces says otherwise."""
 
 
+@dataclass(frozen=True)
+class PodInput:
+    """What one component's pod template is built from (see _Builder.pod_template)."""
+
+    component: str
+    selector: dict[str, str]
+    labels: dict[str, str]
+    command: list[str]
+    args: list[str]
+    image: str
+    resources: Resources
+    placement: Placement | None
+    overrides: PodOverrides
+    gpus: int = 0
+    ports: list[dict[str, Any]] = field(default_factory=list)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    use_claim: bool = False
+    """Mount the checkpoint claim at the storage mount path (else a scratch volume)."""
+    grace_s: int = 30
+
+
 @dataclass
 class Workload:
     """A workload the run owns and how many ready pods it needs."""
@@ -382,24 +403,9 @@ class _Builder:
             return {"name": "data", "persistentVolumeClaim": {"claimName": claim}}
         return {"name": "data", "emptyDir": {}}
 
-    def pod_template(
-        self,
-        component: str,
-        selector: dict[str, str],
-        labels: dict[str, str],
-        command: list[str],
-        args: list[str],
-        *,
-        image: str,
-        resources: Resources,
-        placement: Placement | None,
-        overrides: PodOverrides,
-        gpus: int = 0,
-        ports: list[dict[str, Any]] = (),
-        probes: dict[str, dict[str, Any]] | None = None,
-        use_claim: bool = False,
-        grace_s: int = 30,
-    ) -> dict[str, Any]:
+    def pod_template(self, pod: PodInput) -> dict[str, Any]:
+        component, selector, labels = pod.component, pod.selector, pod.labels
+        image, resources, overrides, gpus = pod.image, pod.resources, pod.overrides, pod.gpus
         spec = self.spec
         mount_path = spec.storage.mount_path if spec.storage else "/data"
         # The run file is a directory mount (never subPath), so kubelet swaps in a changed
@@ -415,7 +421,7 @@ class _Builder:
             },
             {"name": "tmp", "emptyDir": {}},
             {"name": "cache", "emptyDir": {}},
-            self.data_volume(use_claim),
+            self.data_volume(pod.use_claim),
         ]
         mounts: list[dict[str, Any]] = [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -468,12 +474,12 @@ class _Builder:
         container: dict[str, Any] = {
             "name": component,
             "image": image,
-            "command": command,
-            "args": args,
+            "command": pod.command,
+            "args": pod.args,
             "ports": [
                 {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                 {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-                *ports,
+                *pod.ports,
             ],
             "env": env,
             "volumeMounts": mounts,
@@ -491,17 +497,17 @@ class _Builder:
             TRAINER if component == TRAINER else INFERENCE if component == MODEL_SERVER else component
         ]
         container["resources"] = self.resources(resources, gpus, defaults)
-        for kind, probe in (probes or {}).items():
+        for kind, probe in pod.probes.items():
             container[f"{kind}Probe"] = probe
         pod_spec: dict[str, Any] = {
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": dict(RESTRICTED_POD),
-            "terminationGracePeriodSeconds": grace_s,
+            "terminationGracePeriodSeconds": pod.grace_s,
             **({"initContainers": init_containers} if init_containers else {}),
             "containers": [container],
             "volumes": volumes,
-            **self.placement(placement, selector, gpus),
+            **self.placement(pod.placement, selector, gpus),
         }
         service_account = overrides.service_account_name or spec.service_account_name
         if service_account:
@@ -803,18 +809,20 @@ class _Builder:
             ports.append({"name": "http", "containerPort": spec.http_port, "protocol": "TCP"})
         labels = self.labels(INFERENCE, workload=True)
         template = self.pod_template(
-            INFERENCE,
-            selector,
-            labels,
-            ["rlrun"],
-            args,
-            image=self.image(INFERENCE),
-            resources=spec.resources,
-            placement=spec.placement,
-            overrides=spec,
-            gpus=spec.gpus_per_replica,
-            ports=ports,
-            probes=self.model_probes(),
+            PodInput(
+                component=INFERENCE,
+                selector=selector,
+                labels=labels,
+                command=["rlrun"],
+                args=args,
+                image=self.image(INFERENCE),
+                resources=spec.resources,
+                placement=spec.placement,
+                overrides=spec,
+                gpus=spec.gpus_per_replica,
+                ports=ports,
+                probes=self.model_probes(),
+            )
         )
         state.objects.append(self.stateful_set(name, spec.replicas, selector, labels, template))
         state.workloads.append(Workload(INFERENCE, "StatefulSet", name, spec.replicas, spec.replicas))
@@ -842,17 +850,19 @@ class _Builder:
                 args += ["--set", f"model.path={json.dumps(plan.checkpoint)}"]
             labels = self.labels(MODEL_SERVER, extra, workload=True)
             template = self.pod_template(
-                MODEL_SERVER,
-                selector,
-                labels,
-                ["rlrun"],
-                args,
-                image=self.image(MODEL_SERVER),
-                resources=spec.resources,
-                placement=spec.placement,
-                overrides=spec,
-                gpus=spec.gpus_per_replica,
-                probes=self.model_probes(),
+                PodInput(
+                    component=MODEL_SERVER,
+                    selector=selector,
+                    labels=labels,
+                    command=["rlrun"],
+                    args=args,
+                    image=self.image(MODEL_SERVER),
+                    resources=spec.resources,
+                    placement=spec.placement,
+                    overrides=spec,
+                    gpus=spec.gpus_per_replica,
+                    probes=self.model_probes(),
+                )
             )
             state.objects.append(self.stateful_set(name, 1, selector, labels, template))
             state.workloads.append(Workload(INFERENCE, "StatefulSet", name, 1, 1))
@@ -872,16 +882,18 @@ class _Builder:
                 args += ["--env", env]
             labels = self.labels(ENV_SERVER, extra, workload=True)
             template = self.pod_template(
-                ENV_SERVER,
-                selector,
-                labels,
-                ["rlrun"],
-                args,
-                image=self.image(ENV_SERVER, plan.image),
-                resources=server.resources if server else Resources(),
-                placement=server.placement if server else None,
-                overrides=server or PodOverrides(),
-                probes=self.light_probes(),
+                PodInput(
+                    component=ENV_SERVER,
+                    selector=selector,
+                    labels=labels,
+                    command=["rlrun"],
+                    args=args,
+                    image=self.image(ENV_SERVER, plan.image),
+                    resources=server.resources if server else Resources(),
+                    placement=server.placement if server else None,
+                    overrides=server or PodOverrides(),
+                    probes=self.light_probes(),
+                )
             )
             state.objects.append(
                 self.deployment(name, plan.replicas, selector, labels, template, recreate=False)
@@ -901,17 +913,19 @@ class _Builder:
         shared = storage is not None and "ReadWriteMany" in storage.access_modes
         labels = self.labels(ORCHESTRATOR, workload=True)
         template = self.pod_template(
-            ORCHESTRATOR,
-            selector,
-            labels,
-            ["rlrun"],
-            self.serve_args("orchestrator"),
-            image=self.image(ORCHESTRATOR),
-            resources=self.spec.orchestrator.resources,
-            placement=self.spec.orchestrator.placement,
-            overrides=self.spec.orchestrator,
-            probes=self.light_probes(),
-            use_claim=shared,
+            PodInput(
+                component=ORCHESTRATOR,
+                selector=selector,
+                labels=labels,
+                command=["rlrun"],
+                args=self.serve_args("orchestrator"),
+                image=self.image(ORCHESTRATOR),
+                resources=self.spec.orchestrator.resources,
+                placement=self.spec.orchestrator.placement,
+                overrides=self.spec.orchestrator,
+                probes=self.light_probes(),
+                use_claim=shared,
+            )
         )
         state.objects.append(self.deployment(name, 1, selector, labels, template, recreate=True))
         state.workloads.append(Workload(ORCHESTRATOR, "Deployment", name, 1, 1))
@@ -986,20 +1000,22 @@ class _Builder:
             }
         labels = self.labels(TRAINER, workload=True)
         template = self.pod_template(
-            TRAINER,
-            selector,
-            labels,
-            command,
-            args,
-            image=self.image(TRAINER),
-            resources=spec.resources,
-            placement=spec.placement,
-            overrides=spec,
-            gpus=spec.gpus_per_node,
-            ports=[{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
-            probes=probes,
-            use_claim=True,
-            grace_s=120,
+            PodInput(
+                component=TRAINER,
+                selector=selector,
+                labels=labels,
+                command=command,
+                args=args,
+                image=self.image(TRAINER),
+                resources=spec.resources,
+                placement=spec.placement,
+                overrides=spec,
+                gpus=spec.gpus_per_node,
+                ports=[{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+                probes=probes,
+                use_claim=True,
+                grace_s=120,
+            )
         )
         state.objects.append(self.stateful_set(name, spec.nodes, selector, labels, template))
         # Every pod: pods other than 0 turn ready at once, pod 0 once it serves.
