@@ -73,15 +73,33 @@ def translate_deprecated(raw: dict[str, Any]) -> list[str]:
     for table, where in _sampling_tables(raw):
         _move(table, "max_tokens", "max_completion_tokens", where, warnings)
     for i, env in enumerate(train.get("env", []) if isinstance(train, dict) else []):
-        if isinstance(env, dict) and "num_workers" in env:
-            where = f"orchestrator.train.env.{i}"
-            if "pool" in env:
-                raise ConfigError(
-                    f"{where}.num_workers",
-                    f"deprecated key used together with its replacement {where}.pool; keep only {where}.pool",
-                )
-            env["pool"] = {"type": "static", "num_workers": env.pop("num_workers")}
-            warnings.append(
-                f'{where}.num_workers is deprecated; use {where}.pool = {{type = "static", num_workers = N}}'
-            )
+        if isinstance(env, dict):
+            _translate_num_workers(env, f"orchestrator.train.env.{i}", warnings)
     return warnings
+
+
+def _refuse_auto(value: Any, key: str) -> None:
+    if value == "auto":
+        raise ConfigError(
+            key,
+            '`num_workers = "auto"` is no longer supported; the default pool is elastic '
+            "(it grows with the work, up to pool.max_workers workers of pool.multiplex rollouts "
+            f"each): remove {key}, or give a number of workers",
+        )
+
+
+def _translate_num_workers(env: dict[str, Any], where: str, warnings: list[str]) -> None:
+    """The legacy per-env `num_workers`: "auto" is refused; a number becomes a static pool of
+    that many workers; given together with `pool`, the pool wins (as in the seed)."""
+    pool = env.get("pool")
+    if isinstance(pool, dict):
+        _refuse_auto(pool.get("num_workers"), f"{where}.pool.num_workers")
+    if "num_workers" not in env:
+        return
+    value = env.pop("num_workers")
+    _refuse_auto(value, f"{where}.num_workers")
+    if "pool" in env:
+        warnings.append(f"{where}.num_workers is deprecated and ignored: {where}.pool is given and wins")
+        return
+    env["pool"] = {"type": "static", "num_workers": value}
+    warnings.append(f'{where}.num_workers is deprecated; use {where}.pool = {{type = "static", num_workers = N}}')

@@ -12,15 +12,16 @@ from rlrun.common.config.sampling import SamplingOverrides
 
 
 class PoolConfig(Section):
-    type: Literal["static", "elastic"] = "static"
+    type: Literal["static", "elastic"] = "elastic"
     """`static`: a fixed number of worker processes. `elastic`: grows when in-flight work
-    reaches 90% of capacity and shrinks when idle. Default: static."""
+    reaches 90% of capacity and shrinks when idle. Default: elastic (as the seed's)."""
 
     num_workers: int = Field(1, ge=1)
     """Worker processes of a static pool (the minimum of an elastic pool). Default: 1."""
 
     max_workers: int = Field(4, ge=1)
-    """Most worker processes of an elastic pool. Default: 4."""
+    """Most worker processes of an elastic pool. Default: 4 (or `num_workers` when that is
+    larger)."""
 
     multiplex: int = Field(128, ge=1)
     """Concurrent rollouts one worker runs (its capacity). Default: 128."""
@@ -30,6 +31,8 @@ class PoolConfig(Section):
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolConfig:
+        if "max_workers" not in self.model_fields_set and self.max_workers < self.num_workers:
+            self.max_workers = self.num_workers
         if self.type == "elastic" and self.max_workers < self.num_workers:
             raise ValueError("pool.max_workers must be >= pool.num_workers")
         return self
@@ -57,7 +60,8 @@ class EnvConfig(Section):
     """Sampling overrides for this env. Default: none."""
 
     pool: PoolConfig = PoolConfig()
-    """Worker pool of the env-server that runs this env. Default: static, 1 worker."""
+    """Worker pool of the env-server that runs this env. Default: elastic, 1 to 4 workers of
+    128 concurrent rollouts each."""
 
     address: str | None = None
     """host:port of an external env-server for this env; then none is started. Default: unset."""

@@ -22,7 +22,8 @@ def test_defaults_of_a_minimal_config():
     assert config.orchestrator.algorithms == ["grpo"]
     assert config.orchestrator.actor == "policy"
     assert config.orchestrator.train.sampling.max_completion_tokens == 16
-    assert config.orchestrator.train.env[0].pool.type == "static"
+    pool = config.orchestrator.train.env[0].pool
+    assert (pool.type, pool.num_workers, pool.max_workers, pool.multiplex) == ("elastic", 1, 4, 128)
     assert config.inference.engine == "torch"
     assert config.trainer.loss.high == 0.2 and config.trainer.loss.kl_coef == 1e-3
     assert config.run_dir == Path("outputs/run")
@@ -107,16 +108,46 @@ def test_shipped_config_with_old_keys_matches_the_original(tmp_path):
     assert any("max_tokens is deprecated" in w for w in warnings)
 
 
+def test_num_workers_and_pool_together_the_pool_wins_with_a_warning():
+    text = "[[orchestrator.train.env]]\nid='x'\nnum_workers=2\npool={type='static', num_workers=3}"
+    config, warnings = resolve_config(tomllib.loads(text))
+    assert config.orchestrator.train.env[0].pool.num_workers == 3
+    assert warnings == [
+        "orchestrator.train.env.0.num_workers is deprecated and ignored: orchestrator.train.env.0.pool is given and wins"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("[[orchestrator.train.env]]\nid='x'\nnum_workers='auto'", "orchestrator.train.env.0.num_workers"),
+        (
+            "[[orchestrator.train.env]]\nid='x'\npool={num_workers='auto'}",
+            "orchestrator.train.env.0.pool.num_workers",
+        ),
+        ("[[orchestrator.env]]\nid='x'\nnum_workers='auto'", "orchestrator.train.env.0.num_workers"),
+    ],
+)
+def test_legacy_auto_workers_are_refused_naming_the_key(text, path):
+    with pytest.raises(ConfigError) as error:
+        resolve_config(tomllib.loads(text))
+    assert error.value.path == path
+    assert 'num_workers = "auto"` is no longer supported' in str(error.value)
+    assert path in str(error.value)
+
+
+def test_an_elastic_pool_of_many_workers_raises_the_default_ceiling():
+    text = "[[orchestrator.train.env]]\nid='x'\npool={num_workers=6}"
+    pool = resolve_config(tomllib.loads(text))[0].orchestrator.train.env[0].pool
+    assert (pool.type, pool.num_workers, pool.max_workers) == ("elastic", 6, 6)
+
+
 @pytest.mark.parametrize(
     ("text", "path"),
     [
         (
             "[orchestrator.sampling]\n[orchestrator.train.sampling]\n[[orchestrator.train.env]]\nid='x'",
             "orchestrator.sampling",
-        ),
-        (
-            "[[orchestrator.train.env]]\nid='x'\nnum_workers=2\npool={type='static'}",
-            "orchestrator.train.env.0.num_workers",
         ),
         (
             "[orchestrator.train.sampling]\nmax_tokens=3\nmax_completion_tokens=4\n[[orchestrator.train.env]]\nid='x'",
