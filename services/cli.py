@@ -179,14 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_run_config(path: Path, overrides: list[str]):
+    """The run file, with each deprecation warning printed once to stderr (the loader does not
+    log them: the CLI is their one reporter)."""
+    config, warnings = load_config_with_warnings(path, overrides)
+    for warning in warnings:
+        print(f"warning: {path}: {warning}", file=sys.stderr)
+    return config
+
+
 def _check_config(args: argparse.Namespace) -> int:
     try:
-        config, warnings = load_config_with_warnings(args.config, args.overrides)
+        config = load_run_config(args.config, args.overrides)
     except ConfigError as error:
         print(f"rlrun: invalid config: {error}", file=sys.stderr)
         return 2
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
     from rlrun.checks import check_run
 
     try:
@@ -205,8 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     if getattr(args, "service_missing", False):
         raise SystemExit(f"rlrun: the {args.service} service is not available in this installation")
     try:
-        config, _ = load_config_with_warnings(args.config, args.overrides)
-        config = resolve_hub_model(config)
+        config = resolve_hub_model(load_run_config(args.config, args.overrides))
     except ConfigError as error:
         print(f"rlrun: invalid config: {error}", file=sys.stderr)
         return 2
@@ -220,7 +226,7 @@ def _local(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides.append(f"output_dir={json.dumps(str(args.output_dir))}")
     try:
-        config, warnings = load_config_with_warnings(args.config, overrides)
+        config = load_run_config(args.config, overrides)
         check_external_envs(config.orchestrator.train.env)
         # A Hub model is downloaded here, once; the services look up the same commit in the cache.
         config = resolve_hub_model(config)
@@ -229,8 +235,6 @@ def _local(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"rlrun: invalid config: {error}", file=sys.stderr)
         return 2
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
     launcher = _load_module("rlrun.local.launcher", "`rlrun local`")
     return launcher.run_local(
         config,

@@ -127,15 +127,16 @@ def resolve_config(raw: dict[str, Any], overrides: list[str] = ()) -> tuple[RunC
 def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     """Reads a run file, translates deprecated keys (one logged warning each), applies
     `--set` overrides and validates. Raises ConfigError naming the key path at fault."""
-    config, _ = load_config_with_warnings(path, overrides)
+    config, warnings = load_config_with_warnings(path, overrides)
+    for warning in warnings:
+        log.warning("%s: %s", path, warning)
     return config
 
 
 def load_config_with_warnings(path: str | Path, overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:
-    config, warnings = _read(Path(path), overrides)
-    for warning in warnings:
-        log.warning("%s: %s", path, warning)
-    return config, warnings
+    """As load_config, but the deprecation warnings are returned, not logged: the caller shows
+    each one once (the CLI prints them; logging them here too printed every one twice)."""
+    return _read(Path(path), overrides)
 
 
 def reload_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
