@@ -36,6 +36,10 @@ class BuiltBatch:
     generated_tokens: int = 0
     flagged: dict[tuple[str, str], int] = field(default_factory=dict)
     """(filter, env) -> rollouts the filter flagged."""
+    flags: dict[str, list[str]] = field(default_factory=dict)
+    """Trace id -> the filters that flagged it (enforced or monitored), for the rollout dumps."""
+    filtered: set[str] = field(default_factory=set)
+    """Ids of the traces an enforced filter kept from training."""
 
     @property
     def policy_start(self) -> int:
@@ -52,6 +56,8 @@ def build_batch(groups: list[RolloutGroup], filters: RolloutFilters) -> BuiltBat
     env_rewards: dict[str, list[float]] = defaultdict(list)
     env_filtered: dict[str, int] = defaultdict(int)
     flagged: dict[tuple[str, str], int] = defaultdict(int)
+    flags: dict[str, list[str]] = {}
+    filtered_ids: set[str] = set()
     components: dict[str, list[float]] = defaultdict(list)
     rollouts = trained = generated = truncated = filtered = 0
     for group in groups:
@@ -64,6 +70,8 @@ def build_batch(groups: list[RolloutGroup], filters: RolloutFilters) -> BuiltBat
             generated += sum(node.num_sampled for node in trace.nodes)
             truncated += trace.is_truncated
             hits = filters.check(trace)
+            if hits:
+                flags[trace.id] = [hit.name for hit in hits]
             for hit in hits:
                 flagged[(hit.name, group.env)] += 1
                 if hit.detail:
@@ -76,6 +84,7 @@ def build_batch(groups: list[RolloutGroup], filters: RolloutFilters) -> BuiltBat
                         hit.detail,
                     )
             if any(hit.enforced for hit in hits):
+                filtered_ids.add(trace.id)
                 filtered += 1
                 env_filtered[group.env] += 1
                 continue
@@ -89,6 +98,8 @@ def build_batch(groups: list[RolloutGroup], filters: RolloutFilters) -> BuiltBat
         trained_rollouts=trained,
         generated_tokens=generated,
         flagged=dict(flagged),
+        flags=flags,
+        filtered=filtered_ids,
     )
     batch.metrics = _metrics(
         batch, filters.names, rewards, env_rewards, env_filtered, components, truncated, filtered

@@ -6,7 +6,8 @@
   check after N warm steps): one line per rollout.
 - `rollouts/step_<N>.jsonl` when `orchestrator.save_rollouts_interval` is set: every trace, in
   the proto's JSON mapping except the task's `exampleId`, which is the id itself (an int stays
-  an int, a str a str).
+  an int, a str a str), plus `isFiltered` (an enforced filter kept it from training) and
+  `filters` (the names of the filters that flagged it, enforced or monitored; [] when none).
 - `summary.json` at the end, `error.txt` when the run failed.
 
 Nothing here is deleted to start over (`rlrun local --fresh` clears the folder itself): a run
@@ -46,10 +47,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def trace_row(trace: Trace) -> dict[str, Any]:
+def trace_row(
+    trace: Trace, filters: list[str] | None = None, is_filtered: bool | None = None
+) -> dict[str, Any]:
+    """A trace as a JSON row; a kept rollout (`filters` given) also records `isFiltered` and
+    the filters that flagged it."""
     row = json_format.MessageToDict(trace_to_proto(trace))
     if trace.task.example_id is not None:
         row["task"]["exampleId"] = trace.task.example_id
+    if filters is not None:
+        row["isFiltered"] = bool(is_filtered)
+        row["filters"] = list(filters)
     return row
 
 

@@ -95,7 +95,9 @@ class Recorder:
         self.outputs.track_rollouts(record.number, traces)
         interval = self.orch.save_rollouts_interval
         if interval and record.number % interval == 0:
-            self.outputs.write_rows(ROLLOUTS_DIR, f"step_{record.number}", [trace_row(t) for t in traces])
+            batch = record.batch
+            rows = [trace_row(t, batch.flags.get(t.id, []), t.id in batch.filtered) for t in traces]
+            self.outputs.write_rows(ROLLOUTS_DIR, f"step_{record.number}", rows)
 
     def write_line(self, phase: Phase, record: StepRecord, outcome: StepOutcome, step_seconds: float) -> None:
         self.outputs.append_metrics(record.line)

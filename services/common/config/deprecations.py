@@ -102,4 +102,6 @@ def _translate_num_workers(env: dict[str, Any], where: str, warnings: list[str])
         warnings.append(f"{where}.num_workers is deprecated and ignored: {where}.pool is given and wins")
         return
     env["pool"] = {"type": "static", "num_workers": value}
-    warnings.append(f'{where}.num_workers is deprecated; use {where}.pool = {{type = "static", num_workers = N}}')
+    warnings.append(
+        f'{where}.num_workers is deprecated; use {where}.pool = {{type = "static", num_workers = N}}'
+    )
