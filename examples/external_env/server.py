@@ -48,16 +48,18 @@ class BadRequest(Exception):
 
 
 class ChatFormat:
-    """The rlrun chat format for a character tokenizer file: `<|role|>` content `<|end|>`."""
+    """The rlrun chat format for a character tokenizer folder (Hugging Face's tokenizer.json:
+    the specials, then one vocabulary entry per character): `<|role|>` content `<|end|>`."""
 
     def __init__(self, path: Path):
-        spec = json.loads(path.read_text())
-        self.name = f"char:{path.name}"  # how inference names a character tokenizer file
-        self.vocab = spec["specials"] + spec["chars"]
+        spec = json.loads((path / "tokenizer.json").read_text())
+        self.name = f"char:{path.name}"  # how inference names a character tokenizer folder
+        vocab = spec["model"]["vocab"]
+        self.vocab = sorted(vocab, key=vocab.get)
         self.ids = {token: i for i, token in enumerate(self.vocab)}
-        self.specials = len(spec["specials"])
+        self.specials = sum(1 for token in spec["added_tokens"] if token["special"])
         self.end = self.ids["<|end|>"]
-        self.unknown = self.ids[spec.get("unk", "?")]
+        self.unknown = self.ids[spec["model"]["unk_token"]]
 
     def header(self, role: str) -> list[int]:
         return [self.ids[f"<|{role}|>"]]
@@ -372,7 +374,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = OS-assigned")
-    parser.add_argument("--tokenizer", type=Path, default=Path("configs/tokenizer/char.json"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("configs/tokenizer/char"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-size", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=32, help="context length of the model")

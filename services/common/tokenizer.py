@@ -2,8 +2,18 @@
 concatenation of its messages' tokens. Harnesses rely on that to extend earlier turns
 exactly, without ever re-rendering the past.
 
-Two kinds: the in-repo character tokenizer (configs/tokenizer/char.json, stable ids, no
-download) and the tokenizer of a local Hugging Face checkpoint directory.
+Two kinds: the in-repo character tokenizers (configs/tokenizer/char/ and lowercase/: stable
+ids, no download) and the tokenizer of a local Hugging Face checkpoint directory.
+
+A character tokenizer is a Hugging Face tokenizer folder too, the one source of its ids:
+`tokenizer.json` (a WordLevel vocabulary of the specials then one entry per character, a
+pre-tokenizer that splits every character, `?` for any character outside the vocabulary) and
+`tokenizer_config.json` (its specials and a chat template that writes rlrun's chat format,
+tools included). `transformers.AutoTokenizer.from_pretrained(folder)` loads it and gives the
+same ids as `CharTokenizer` for any text, and `apply_chat_template` the ids of `render_chat`;
+one difference is Hugging Face's own: text that spells a special (`<|end|>`) is that special
+token to a Hugging Face tokenizer and characters to rlrun, whose messages cannot forge the
+chat format.
 """
 
 from __future__ import annotations
@@ -95,10 +105,11 @@ class CharTokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> CharTokenizer:
-        spec = json.loads(Path(path).read_text())
-        if spec.get("type") != "char":
-            raise ValueError(f"{path}: expected a char tokenizer (type = 'char'), got {spec.get('type')!r}")
-        return cls(spec["specials"], spec["chars"], spec.get("unk", "?"))
+        """The character tokenizer of a Hugging Face tokenizer folder (or its tokenizer.json)."""
+        spec = read_char_tokenizer(path)
+        if spec is None:
+            raise ValueError(f"{path}: not a character tokenizer (see rlrun.common.tokenizer)")
+        return cls(*spec)
 
     def to_dict(self) -> dict:
         return {"type": "char", "specials": self.specials, "chars": self.chars}
@@ -193,13 +204,46 @@ class HFTokenizer:
         return [self.eos_token_id]
 
 
+def _tokenizer_json(path: str | Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        return path / "tokenizer.json"
+    if path.name != "tokenizer.json":
+        raise ValueError(
+            f"{path}: a tokenizer is a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json)"
+        )
+    return path
+
+
+def read_char_tokenizer(path: str | Path) -> tuple[list[str], list[str], str] | None:
+    """(specials, chars, unk) of the folder's tokenizer.json when it is a character tokenizer:
+    a WordLevel vocabulary whose special tokens come first and whose other entries are one
+    character each; None for any other tokenizer."""
+    spec = json.loads(_tokenizer_json(path).read_text())
+    model = spec.get("model") or {}
+    if model.get("type") != "WordLevel":
+        return None
+    by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise ValueError(f"{path}: the vocabulary's ids are not 0..{len(by_id) - 1}")
+    special = {token["content"] for token in spec.get("added_tokens", ()) if token.get("special")}
+    tokens = [token for token, _ in by_id]
+    count = len(special)
+    if set(tokens[:count]) != special or any(len(token) != 1 for token in tokens[count:]):
+        return None
+    return tokens[:count], tokens[count:], model.get("unk_token") or "?"
+
+
 def load_tokenizer(tokenizer_path: str | Path | None, checkpoint_dir: str | Path | None = None) -> Tokenizer:
-    """The char tokenizer file when given, else the checkpoint directory's own tokenizer."""
+    """The tokenizer folder when given (a character tokenizer, or any other Hugging Face
+    tokenizer), else the checkpoint directory's own tokenizer."""
     if tokenizer_path is not None:
         path = Path(tokenizer_path)
         if not path.exists():
-            raise FileNotFoundError(f"tokenizer file {path} does not exist")
-        return CharTokenizer.from_file(path)
+            raise FileNotFoundError(f"tokenizer {path} does not exist")
+        if read_char_tokenizer(path) is not None:
+            return CharTokenizer.from_file(path)
+        return HFTokenizer(path if path.is_dir() else path.parent)
     if checkpoint_dir is None:
         raise ValueError("no tokenizer: set model.tokenizer or model.path")
     return HFTokenizer(checkpoint_dir)

@@ -29,7 +29,7 @@ def synthetic_config(
             "output_dir": str(output_dir),
             "model": {
                 "config": str(CONFIGS / "models" / f"{model}.json"),
-                "tokenizer": str(CONFIGS / "tokenizer" / "char.json"),
+                "tokenizer": str(CONFIGS / "tokenizer" / "char"),
             },
             "inference": {"addresses": list(inference_addresses or [])},
             "trainer": dict(trainer or {}),

@@ -89,7 +89,7 @@ def assert_learned(result: subprocess.CompletedProcess, out: Path) -> None:
 
 def test_the_python_example_trains_through_rlrun_local(tmp_path):
     server = Server(
-        [sys.executable, "examples/external_env/server.py", "--tokenizer", "configs/tokenizer/lowercase.json"]
+        [sys.executable, "examples/external_env/server.py", "--tokenizer", "configs/tokenizer/lowercase"]
     )
     try:
         result = rlrun_local(run_file(tmp_path, server.address), tmp_path / "run")

@@ -31,7 +31,7 @@ def lay_out_cache(
 
     repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / commit
-    model = build_model(ModelConfig(config=model_config, tokenizer=REPO / "configs/tokenizer/lowercase.json"))
+    model = build_model(ModelConfig(config=model_config, tokenizer=REPO / "configs/tokenizer/lowercase"))
     save_checkpoint_dir(model, json.loads(model_config.read_text()), snapshot)
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from rlrun.common.config.base import Section
 
-CHAR_TOKENIZER = Path("configs/tokenizer/char.json")
+CHAR_TOKENIZER = Path("configs/tokenizer/char")
 HUB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
 """A Hub repository id: `name` or `org/name`."""
 """The tokenizer of a model built from `config` when none is named."""
@@ -36,8 +36,9 @@ class ModelConfig(Section):
     """The branch, tag or commit of `hub_id`. Default: main."""
 
     tokenizer: Path | None = None
-    """A character tokenizer file (configs/tokenizer/). Default: the checkpoint's own tokenizer
-    when `path` or `hub_id` is set, else configs/tokenizer/char.json."""
+    """A tokenizer folder in Hugging Face's format (tokenizer.json + tokenizer_config.json): the
+    character tokenizers configs/tokenizer/char and lowercase, or any other. Default: the
+    checkpoint's own tokenizer when `path` or `hub_id` is set, else configs/tokenizer/char."""
 
     seed: int = 0
     """Seed for random initialisation. Default: 0."""

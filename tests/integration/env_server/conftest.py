@@ -19,7 +19,7 @@ from rlrun.common.tokenizer import CharTokenizer, load_tokenizer  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tokenizer() -> CharTokenizer:
-    return load_tokenizer(REPO / "configs/tokenizer/char.json")
+    return load_tokenizer(REPO / "configs/tokenizer/char")
 
 
 @pytest.fixture(scope="session")

@@ -202,7 +202,7 @@ async def test_a_cancelled_client_frees_its_batch_slot(start_service):
         "inference.max_batch_size=1",
         "model.max_model_len=250",
         f'model.config="{REPO / "configs/models/tiny-d64.json"}"',
-        f'model.tokenizer="{REPO / "configs/tokenizer/char.json"}"',
+        f'model.tokenizer="{REPO / "configs/tokenizer/char"}"',
         http=False,
     )
     stub = running.stub

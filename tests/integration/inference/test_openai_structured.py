@@ -13,11 +13,11 @@ from .conftest import REPO
 
 OVERRIDES = (
     'model.config="configs/models/tiny-d64.json"',
-    'model.tokenizer="configs/tokenizer/char.json"',
+    'model.tokenizer="configs/tokenizer/char"',
     "model.max_model_len=1024",
     "inference.max_batch_size=8",
 )
-TOKENIZER = load_tokenizer(REPO / "configs/tokenizer/char.json")
+TOKENIZER = load_tokenizer(REPO / "configs/tokenizer/char")
 MESSAGES = [{"role": "user", "content": "Where to?"}]
 TRIP = {
     "type": "object",

@@ -17,7 +17,7 @@ from rlrun.inference.openai_app import build_openai_app
 
 from .conftest import REPO
 
-TOKENIZER = load_tokenizer(REPO / "configs/tokenizer/char.json")
+TOKENIZER = load_tokenizer(REPO / "configs/tokenizer/char")
 ANSWER = (
     "Let me look that up.\n"
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'

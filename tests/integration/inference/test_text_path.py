@@ -82,9 +82,9 @@ async def test_generate_chat_fits_max_tokens_to_the_context(service):
 
 async def test_the_status_names_the_tokenizer_and_its_hash_tells_tokenizers_apart(service):
     served = await status_tokenizer(service)
-    lowercase = tokenizer_info(CharTokenizer.from_file(REPO / "configs/tokenizer/lowercase.json"), "x")
-    full = tokenizer_info(CharTokenizer.from_file(REPO / "configs/tokenizer/char.json"), "x")
-    assert served.name == "char:lowercase.json"
+    lowercase = tokenizer_info(CharTokenizer.from_file(REPO / "configs/tokenizer/lowercase"), "x")
+    full = tokenizer_info(CharTokenizer.from_file(REPO / "configs/tokenizer/char"), "x")
+    assert served.name == "char:lowercase"
     assert served.sha256 == lowercase.sha256 != full.sha256
     assert served.vocab_size == lowercase.vocab_size
 

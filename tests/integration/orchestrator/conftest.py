@@ -268,7 +268,7 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
 
 class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
     """Score: every token gets logprob -0.25, after `delay`; records the peak concurrency.
-    GetStatus reports the default model's tokenizer (configs/tokenizer/char.json)."""
+    GetStatus reports the default model's tokenizer (configs/tokenizer/char)."""
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay

@@ -155,13 +155,13 @@ async def test_every_plan_carries_the_served_tokenizer_and_its_end_tokens(stack,
 
 
 async def test_a_declared_tokenizer_other_than_the_served_one_fails_the_start(stack, tmp_path):
-    stack.env.info.tokenizer.name = "char:lowercase.json"
+    stack.env.info.tokenizer.name = "char:lowercase"
     status = await execute(stack.config(tmp_path))
     assert status.phase == "failed"
     assert re.fullmatch(
         rf"orchestrator\.train\.env\.0: env '{ENV}' at \S+ renders token ids with tokenizer "
-        r"char:lowercase\.json .* but the model serves char:char\.json .*"
-        r"\(name 'char:lowercase\.json' != 'char:char\.json'\)",
+        r"char:lowercase .* but the model serves char:char .*"
+        r"\(name 'char:lowercase' != 'char:char'\)",
         status.last_error,
     ), status.last_error
     assert stack.env.calls == []

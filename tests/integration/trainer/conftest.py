@@ -203,7 +203,7 @@ def _write_run_file(path: Path, output_dir: Path, addresses: list[str], trainer:
         f"output_dir = {json.dumps(str(output_dir))}",
         "[model]",
         f"config = {json.dumps(str(CONFIGS / 'models' / 'tiny-d64.json'))}",
-        f"tokenizer = {json.dumps(str(CONFIGS / 'tokenizer' / 'char.json'))}",
+        f"tokenizer = {json.dumps(str(CONFIGS / 'tokenizer' / 'char'))}",
         "[inference]",
         f"addresses = {json.dumps(addresses)}",
         "[trainer]",

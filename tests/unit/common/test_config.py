@@ -28,7 +28,7 @@ def test_defaults_of_a_minimal_config():
     assert config.trainer.loss.high == 0.2 and config.trainer.loss.kl_coef == 1e-3
     assert config.run_dir == Path("outputs/run")
     assert config.orchestrator.inflight_groups == 32
-    assert config.model.tokenizer == Path("configs/tokenizer/char.json")
+    assert config.model.tokenizer == Path("configs/tokenizer/char")
 
 
 def test_a_checkpoint_brings_its_own_tokenizer_unless_one_is_named():
@@ -37,8 +37,8 @@ def test_a_checkpoint_brings_its_own_tokenizer_unless_one_is_named():
     checkpoint = copy.deepcopy(MINIMAL) | {"model": {"path": "/models/qwen"}}
     config, _ = resolve_config(checkpoint)
     assert config.model.tokenizer is None
-    checkpoint["model"]["tokenizer"] = "configs/tokenizer/char.json"
-    assert resolve_config(checkpoint)[0].model.tokenizer == Path("configs/tokenizer/char.json")
+    checkpoint["model"]["tokenizer"] = "configs/tokenizer/char"
+    assert resolve_config(checkpoint)[0].model.tokenizer == Path("configs/tokenizer/char")
 
 
 def test_every_field_is_documented():

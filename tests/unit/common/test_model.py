@@ -29,7 +29,7 @@ CONFIGS = [
 def model_config(config: Path, **fields) -> ModelConfig:
     """The config with a tokenizer that fits its vocabulary (the GPT-2 demo model is lowercase-only)."""
     vocab = json.loads(config.read_text())["vocab_size"]
-    tokenizer = "char.json" if vocab >= 102 else "lowercase.json"
+    tokenizer = "char" if vocab >= 102 else "lowercase"
     return ModelConfig(config=config, tokenizer=REPO / "configs/tokenizer" / tokenizer, **fields)
 
 
@@ -168,8 +168,8 @@ def test_transformers_init_scales_gpt2_residual_projections():
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused():
-    with pytest.raises(ValueError, match="char.json has 102 tokens but the model's vocab_size is 33"):
-        build_model(ModelConfig(config=CONFIGS[2], tokenizer=REPO / "configs/tokenizer/char.json"))
+    with pytest.raises(ValueError, match="tokenizer/char has 102 tokens but the model's vocab_size is 33"):
+        build_model(ModelConfig(config=CONFIGS[2], tokenizer=REPO / "configs/tokenizer/char"))
 
 
 def test_learned_positions_bound_the_context():

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="session")
 def tokenizer() -> CharTokenizer:
-    return load_tokenizer(REPO / "configs/tokenizer/char.json")
+    return load_tokenizer(REPO / "configs/tokenizer/char")
 
 
 class ScriptedModel:

@@ -20,7 +20,7 @@ MAX_MODEL_LEN = 48
 def tiny_model(seed: int = 3) -> CausalLM:
     config = ModelConfig(
         config=REPO / "configs/models/tiny-d64.json",
-        tokenizer=REPO / "configs/tokenizer/char.json",
+        tokenizer=REPO / "configs/tokenizer/char",
         seed=seed,
         max_model_len=MAX_MODEL_LEN,
     )

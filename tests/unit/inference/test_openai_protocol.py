@@ -30,7 +30,7 @@ from .conftest import REPO
 
 @pytest.fixture
 def tokenizer():
-    return CharTokenizer.from_file(REPO / "configs/tokenizer/char.json")
+    return CharTokenizer.from_file(REPO / "configs/tokenizer/char")
 
 
 def test_chat_prompts_use_the_tokenizers_chat_rendering(tokenizer):

@@ -12,8 +12,8 @@ from rlrun.inference.structured import GrammarCompiler, allowed_tokens, schema_t
 
 from .conftest import REPO
 
-CHARS = CharTokenizer.from_file(REPO / "configs/tokenizer/char.json")
-LOWERCASE = CharTokenizer.from_file(REPO / "configs/tokenizer/lowercase.json")
+CHARS = CharTokenizer.from_file(REPO / "configs/tokenizer/char")
+LOWERCASE = CharTokenizer.from_file(REPO / "configs/tokenizer/lowercase")
 ENUM = json.dumps({"enum": ["ab", "ac", "b"]})
 
 

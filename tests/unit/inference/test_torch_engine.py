@@ -531,7 +531,7 @@ async def test_constrained_samples_write_matching_json_with_logprobs_under_the_m
     """Every sample is JSON of the schema, ends with the token that completes it, and each
     token's logprob is under the tempered distribution with the grammar's mask applied
     (replayed through a grammar of its own)."""
-    tokenizer = CharTokenizer.from_file(REPO / "configs/tokenizer/char.json")
+    tokenizer = CharTokenizer.from_file(REPO / "configs/tokenizer/char")
     grammars = GrammarCompiler(lambda: tokenizer)
     engine = TorchEngine(
         model,

@@ -20,7 +20,7 @@ from rlrun.env_server.task import Example, Score, Task
 from rlrun.env_server.taskset import GeneratedTaskset
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
 
-TOKENIZER_PATH = "configs/tokenizer/char.json"
+TOKENIZER_PATH = "configs/tokenizer/char"
 LOGPROB = -0.25
 POLICY_VERSION = 3
 
