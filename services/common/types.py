@@ -253,7 +253,7 @@ class Trace:
     is_truncated: bool = False
     policy_span: tuple[int, int] = (0, 0)
     timing: dict[str, float] = field(default_factory=dict)
-    """generation_s, scoring_s, total_s."""
+    """setup_s, generation_s, scoring_s, total_s."""
     info: dict[str, str] = field(default_factory=dict)
 
     def node_map(self) -> dict[str, MessageNode]:
@@ -448,7 +448,7 @@ class TrainingBatch:
 
 
 MemberRole = Literal["train", "fixed"]
-EndpointKind = Literal["inference", "rule"]
+EndpointKind = Literal["inference", "rule", "openai"]
 
 
 @dataclass
@@ -456,6 +456,18 @@ class ModelEndpoint:
     name: str
     kind: EndpointKind = "inference"
     addresses: list[str] = field(default_factory=list)
+    base_url: str = ""
+    """kind openai: the API's base URL (before `/chat/completions`)."""
+    model: str = ""
+    """kind openai: the model name the API is asked for."""
+    api_key_env: str = ""
+    """kind openai: the name of the env var holding the API key (never the key itself)."""
+    max_concurrency: int = 0
+    """kind openai: most calls in flight per env-server worker (0: 32)."""
+    max_retries: int = 0
+    """kind openai: retries of a 429, a 5xx or a connection error."""
+    timeout_s: float = 0.0
+    """kind openai: deadline of one call (0: 60 s)."""
 
 
 @dataclass
@@ -485,6 +497,12 @@ class GenerationPlan:
                 raise WireError(
                     f"{at}.model.addresses", f"{at}.model.addresses is empty for an inference target"
                 )
+            if target.model.kind == "openai":
+                for name in ("base_url", "model"):
+                    if not getattr(target.model, name):
+                        raise WireError(
+                            f"{at}.model.{name}", f"{at}.model.{name} is empty for an openai target"
+                        )
             target.sampling.validate(f"{at}.sampling")
 
     @property

@@ -47,7 +47,13 @@ _STOP_TO_PB = {
 _STOP_FROM_PB = {v: k for k, v in _STOP_TO_PB.items()}
 _MEMBER_ROLE_TO_PB = {"train": plan_pb2.MEMBER_ROLE_TRAIN, "fixed": plan_pb2.MEMBER_ROLE_FIXED}
 _MEMBER_ROLE_FROM_PB = {v: k for k, v in _MEMBER_ROLE_TO_PB.items()}
-_KIND_TO_PB = {"inference": plan_pb2.ENDPOINT_KIND_INFERENCE, "rule": plan_pb2.ENDPOINT_KIND_RULE}
+_KIND_TO_PB = {
+    "inference": plan_pb2.ENDPOINT_KIND_INFERENCE,
+    "rule": plan_pb2.ENDPOINT_KIND_RULE,
+    "openai": plan_pb2.ENDPOINT_KIND_OPENAI,
+}
+_OPENAI_FIELDS = ("base_url", "model", "api_key_env", "max_concurrency", "max_retries", "timeout_s")
+"""ModelEndpoint's fields of kind openai: the same names in the proto and in types.ModelEndpoint."""
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 
 
@@ -175,7 +181,7 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
         is_truncated=trace.is_truncated,
         policy_span=trace_pb2.PolicySpan(start=trace.policy_span[0], end=trace.policy_span[1]),
         timing=trace_pb2.Timing(
-            **{k: trace.timing.get(k, 0.0) for k in ("generation_s", "scoring_s", "total_s")}
+            **{k: trace.timing.get(k, 0.0) for k in ("setup_s", "generation_s", "scoring_s", "total_s")}
         ),
         info=trace.info,
     )
@@ -220,6 +226,7 @@ def trace_from_proto(msg: trace_pb2.Trace, where: str = "trace") -> Trace:
         is_truncated=msg.is_truncated,
         policy_span=(msg.policy_span.start, msg.policy_span.end),
         timing={
+            "setup_s": msg.timing.setup_s,
             "generation_s": msg.timing.generation_s,
             "scoring_s": msg.timing.scoring_s,
             "total_s": msg.timing.total_s,
@@ -349,7 +356,10 @@ def plan_to_proto(plan: GenerationPlan) -> plan_pb2.GenerationPlan:
                 member_id=t.member_id,
                 role=_MEMBER_ROLE_TO_PB[t.role],
                 model=plan_pb2.ModelEndpoint(
-                    name=t.model.name, kind=_KIND_TO_PB[t.model.kind], addresses=t.model.addresses
+                    name=t.model.name,
+                    kind=_KIND_TO_PB[t.model.kind],
+                    addresses=t.model.addresses,
+                    **{name: getattr(t.model, name) for name in _OPENAI_FIELDS},
                 ),
                 sampling=sampling_to_proto(t.sampling),
             )
@@ -371,6 +381,7 @@ def plan_from_proto(msg: plan_pb2.GenerationPlan, where: str = "plan") -> Genera
                 name=t.model.name,
                 kind=_enum(_KIND_FROM_PB, t.model.kind, f"{at}.model.kind", "endpoint kind"),
                 addresses=list(t.model.addresses),
+                **{name: getattr(t.model, name) for name in _OPENAI_FIELDS},
             ),
             sampling=sampling_from_proto(t.sampling, f"{at}.sampling"),
         )

@@ -2,19 +2,23 @@
 
 `InferenceModel` samples from an InferenceService; `RuleModel` is a rule-kind target, played
 by the environment's own reference solution (the warm start's `oracle`); `RulePlayer` is a
-rule-kind member of a multi-agent episode, played by the environment's rules.
+rule-kind member of a multi-agent episode, played by the environment's rules; `OpenAIModel`
+is an openai-kind target, an external OpenAI-compatible chat API that gets the member's
+conversation as chat messages.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.tokenizer import ChatMessage, Tokenizer
 from rlrun.common.types import SamplingParams
 from rlrun.env_server.completion import Completion
 from rlrun.env_server.inference_client import InferenceClient
+from rlrun.env_server.openai_client import OpenAIChatClient
 
 
 class Model(Protocol):
@@ -63,14 +67,14 @@ class InferenceModel:
         return await self.client.generate(self.addresses, prompt_ids, sampling, request_id)
 
 
-def rule_completion(tokenizer: Tokenizer, answer: str, max_tokens: int) -> Completion:
+def rule_completion(tokenizer: Tokenizer, answer: str, max_tokens: int, ended: bool = True) -> Completion:
     """`<answer><end>` as if sampled, logprobs 0.0 (so a supervised algorithm puts its loss on
-    them), cut at max_tokens."""
-    tokens = tokenizer.encode(answer) + [tokenizer.eos_token_id]
+    them), cut at max_tokens. `ended=False`: the answer was cut short (no end token)."""
+    tokens = tokenizer.encode(answer) + ([tokenizer.eos_token_id] if ended else [])
     return Completion(
         tokens[:max_tokens],
         [0.0] * min(len(tokens), max_tokens),
-        "stop" if len(tokens) <= max_tokens else "length",
+        "stop" if ended and len(tokens) <= max_tokens else "length",
     )
 
 
@@ -95,3 +99,40 @@ class RulePlayer:
 
     async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
         return [rule_completion(self.tokenizer, self.reply(), self.max_tokens)] * n
+
+
+class OpenAIModel:
+    """An openai-kind target: the conversation so far (`messages()`, the member's own view) goes
+    to the API as chat messages, and each reply is tokenized with the env's tokenizer like a
+    rule answer (see `rule_completion`: logprob 0.0, no policy version). `n` continuations are
+    n calls, at once, under the client's concurrency cap."""
+
+    def __init__(
+        self,
+        client: OpenAIChatClient,
+        tokenizer: Tokenizer,
+        messages: Callable[[], list[ChatMessage]],
+        sampling: SamplingParams,
+    ):
+        self.client = client
+        self.tokenizer = tokenizer
+        self.messages = messages
+        self.sampling = sampling
+
+    async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
+        messages = self.messages()
+        seed = self.sampling.seed
+        choices = await asyncio.gather(
+            *(
+                self.client.chat(
+                    messages, dataclasses.replace(self.sampling, seed=None if seed is None else seed + i)
+                )
+                for i in range(n)
+            )
+        )
+        return [
+            rule_completion(
+                self.tokenizer, c.text, self.sampling.max_tokens, ended=c.finish_reason != "length"
+            )
+            for c in choices
+        ]

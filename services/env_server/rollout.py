@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from rlrun.common.tokenizer import Tokenizer
@@ -21,8 +21,16 @@ from rlrun.env_server.environment import Environment
 from rlrun.env_server.episode import POLICY, Episode
 from rlrun.env_server.errors import ScoringError, trace_error
 from rlrun.env_server.inference_client import InferenceClient
-from rlrun.env_server.models import InferenceModel, Model, RuleModel, RulePlayer, with_stop_tokens
+from rlrun.env_server.models import (
+    InferenceModel,
+    Model,
+    OpenAIModel,
+    RuleModel,
+    RulePlayer,
+    with_stop_tokens,
+)
 from rlrun.env_server.multi_agent import MultiAgentEpisode
+from rlrun.env_server.openai_client import OpenAIClients
 from rlrun.env_server.task import MemberScores, Score, Task
 
 log = logging.getLogger("rlrun.env_server.rollout")
@@ -48,6 +56,8 @@ class Runtime:
     tokenizer: Tokenizer
     client: InferenceClient
     max_model_len: int
+    openai: OpenAIClients = field(default_factory=OpenAIClients)
+    """Clients of the plan's openai-kind targets, one per endpoint (each with its concurrency cap)."""
 
 
 def task_ref(env_key: str, task: Task) -> TaskRef:
@@ -70,6 +80,13 @@ def policy_target(plan: GenerationPlan) -> PlanTarget:
 def inference_model(target: PlanTarget, runtime: Runtime, request_id: str) -> InferenceModel:
     sampling = with_stop_tokens(target.sampling, runtime.tokenizer.stop_token_ids)
     return InferenceModel(runtime.client, target.model.addresses, sampling, runtime.max_model_len, request_id)
+
+
+def openai_model(target: PlanTarget, runtime: Runtime, conversation: Conversation) -> OpenAIModel:
+    """An openai-kind target speaking in `conversation` (it sends that conversation's messages)."""
+    return OpenAIModel(
+        runtime.openai.get(target.model), runtime.tokenizer, conversation.messages, target.sampling
+    )
 
 
 def build_model(env: Environment, task: Task, target: PlanTarget, runtime: Runtime, request_id: str) -> Model:
@@ -109,18 +126,22 @@ def start_episodes(env: Environment, job: RolloutJob, runtime: Runtime) -> list[
     players of a multi-agent env answer from their own episode."""
     request_id = job.group_id or job.rollout_ids[0]
     if not env.members:
-        model = build_model(env, job.task, policy_target(job.plan), runtime, request_id)
+        target = policy_target(job.plan)
+        model = (
+            None if target.model.kind == "openai" else build_model(env, job.task, target, runtime, request_id)
+        )
         episodes: list[Episode] = []
         for _ in job.rollout_ids:
             conversation = Conversation(runtime.tokenizer)
             conversation.add_prompt(job.task.prompt, job.task.system)
-            episodes.append(Episode(job.task, {POLICY: conversation}, {POLICY: model}))
+            own = model or openai_model(target, runtime, conversation)
+            episodes.append(Episode(job.task, {POLICY: conversation}, {POLICY: own}))
         return episodes
     targets = {member: job.plan.targets[member] for member in env.members}
     shared: dict[str, Model] = {
         member: inference_model(target, runtime, f"{request_id}:{member}")
         for member, target in targets.items()
-        if target.model.kind != "rule"
+        if target.model.kind == "inference"
     }
     roles = {member: target.role for member, target in targets.items()}
     episodes = []
@@ -134,6 +155,8 @@ def start_episodes(env: Environment, job: RolloutJob, runtime: Runtime) -> list[
             if target.model.kind == "rule":
                 reply = partial(env.rule_reply, job.task, episode, member, target)
                 episode.models[member] = RulePlayer(runtime.tokenizer, reply, target.sampling.max_tokens)
+            elif target.model.kind == "openai":
+                episode.models[member] = openai_model(target, runtime, conversations[member])
         episodes.append(episode)
     return episodes
 

@@ -37,8 +37,9 @@ def sampling_params(
 
 
 def model_endpoint(key: str, config: RunConfig) -> ModelEndpoint:
-    """The endpoint of a model key: the live policy, a key of [orchestrator.models], or the
-    env's rule-based oracle."""
+    """The endpoint of a model key: the live policy, a key of [orchestrator.models] (an
+    InferenceService, the env's rules, or an external OpenAI-compatible API), or the env's
+    rule-based oracle."""
     if key == POLICY:
         if not config.inference.addresses:
             raise ConfigError("inference.addresses", "no replica of the live policy is configured")
@@ -53,6 +54,17 @@ def model_endpoint(key: str, config: RunConfig) -> ModelEndpoint:
     if target.kind == "inference" and not target.addresses:
         raise ConfigError(
             f"orchestrator.models.{key}.addresses", "no replica of this inference target is configured"
+        )
+    if target.kind == "openai":
+        return ModelEndpoint(
+            key,
+            "openai",
+            base_url=target.base_url,
+            model=target.model,
+            api_key_env=target.api_key_env,
+            max_concurrency=target.max_concurrency,
+            max_retries=target.max_retries,
+            timeout_s=target.timeout_s,
         )
     return ModelEndpoint(key, target.kind, list(target.addresses))
 

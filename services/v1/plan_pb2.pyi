@@ -19,22 +19,36 @@ class EndpointKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENDPOINT_KIND_UNSPECIFIED: _ClassVar[EndpointKind]
     ENDPOINT_KIND_INFERENCE: _ClassVar[EndpointKind]
     ENDPOINT_KIND_RULE: _ClassVar[EndpointKind]
+    ENDPOINT_KIND_OPENAI: _ClassVar[EndpointKind]
 MEMBER_ROLE_UNSPECIFIED: MemberRole
 MEMBER_ROLE_TRAIN: MemberRole
 MEMBER_ROLE_FIXED: MemberRole
 ENDPOINT_KIND_UNSPECIFIED: EndpointKind
 ENDPOINT_KIND_INFERENCE: EndpointKind
 ENDPOINT_KIND_RULE: EndpointKind
+ENDPOINT_KIND_OPENAI: EndpointKind
 
 class ModelEndpoint(_message.Message):
-    __slots__ = ("name", "kind", "addresses")
+    __slots__ = ("name", "kind", "addresses", "base_url", "model", "api_key_env", "max_concurrency", "max_retries", "timeout_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: EndpointKind
     addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    base_url: str
+    model: str
+    api_key_env: str
+    max_concurrency: int
+    max_retries: int
+    timeout_s: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., base_url: _Optional[str] = ..., model: _Optional[str] = ..., api_key_env: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., max_retries: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class PlanTarget(_message.Message):
     __slots__ = ("member_id", "role", "model", "sampling")

@@ -53,9 +53,10 @@ class EvalConfig(Section):
 
 
 class ModelTargetConfig(Section):
-    kind: Literal["inference", "rule"] = "inference"
+    kind: Literal["inference", "rule", "openai"] = "inference"
     """`inference`: an InferenceService; `rule`: the env's rule-based implementation plays this
-    target (no model). Default: inference."""
+    target (no model); `openai`: an external OpenAI-compatible chat API (`base_url`, `model`,
+    `api_key_env`), e.g. an opponent or an LLM judge. Default: inference."""
 
     addresses: list[str] = []
     """gRPC host:port of the replicas. Empty for an inference target means `rlrun local` or the
@@ -65,7 +66,39 @@ class ModelTargetConfig(Section):
     """Local HF checkpoint directory the started server loads. Default: unset (same as [model])."""
 
     max_concurrency: int = Field(32, ge=1)
-    """Most concurrent calls to this target (e.g. reference scoring). Default: 32."""
+    """Most concurrent calls to this target (e.g. reference scoring; for `openai`, per
+    env-server worker process). Default: 32."""
+
+    base_url: str = ""
+    """kind `openai`: the API's base URL, up to `/chat/completions` (e.g.
+    `https://api.openai.com/v1`). Required for `openai`. Default: empty."""
+
+    model: str = ""
+    """kind `openai`: the model name sent with every request. Required for `openai`. Default: empty."""
+
+    api_key_env: str = ""
+    """kind `openai`: name of the environment variable that holds the API key, read by the
+    env-server when it calls (the key is never written to the config, a plan or a log). Empty:
+    no key is sent. Default: empty."""
+
+    max_retries: int = Field(3, ge=0)
+    """kind `openai`: retries of a call answered 429 or 5xx, or that could not connect
+    (exponential backoff, Retry-After honoured). Default: 3."""
+
+    timeout_s: float = Field(60.0, gt=0)
+    """kind `openai`: deadline of one call in seconds. Default: 60."""
+
+    @model_validator(mode="after")
+    def _openai_fields(self) -> ModelTargetConfig:
+        if self.kind == "openai":
+            missing = [name for name in ("base_url", "model") if not getattr(self, name)]
+            if missing:
+                raise ValueError(f"a target of kind `openai` needs {' and '.join(missing)}")
+            if self.addresses or self.checkpoint:
+                raise ValueError("a target of kind `openai` takes base_url, not addresses or checkpoint")
+        elif self.base_url or self.model or self.api_key_env:
+            raise ValueError("base_url, model and api_key_env are for a target of kind `openai`")
+        return self
 
 
 class MemberConfig(Section):

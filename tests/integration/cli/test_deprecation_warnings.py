@@ -25,7 +25,12 @@ def old_spelling(tmp_path: Path) -> Path:
 def rlrun(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(
-        [sys.executable, "-m", "rlrun.cli", *argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120
+        [sys.executable, "-m", "rlrun.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
     )
 
 
@@ -33,7 +38,10 @@ def test_check_config_reports_each_deprecated_key_once(tmp_path):
     result = rlrun("check-config", str(old_spelling(tmp_path)), "--no-devices")
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
-    for key in ("orchestrator.sampling is deprecated", "orchestrator.train.sampling.max_tokens is deprecated"):
+    for key in (
+        "orchestrator.sampling is deprecated",
+        "orchestrator.train.sampling.max_tokens is deprecated",
+    ):
         assert sum(key in line for line in lines) == 1, result.stderr
     assert sum("deprecated" in line for line in lines) == 2, result.stderr
 
