@@ -9,6 +9,12 @@ from rlrun.env_server.episode import Episode
 
 
 class Harness(ABC):
+    async def setup(self, episodes: list[Episode]) -> None:
+        """Prepares one group before any model call (sandboxes, tools, per-episode state). Its
+        time counts as the traces' `timing.setup_s`, not as generation; an exception fails the
+        group's episodes. Default: nothing to prepare."""
+        return None
+
     @abstractmethod
     async def run(self, episode: Episode) -> None:
         """Drives one episode until it ends, then calls `episode.finish(stop_condition)`.

@@ -7,7 +7,7 @@ import asyncio
 import itertools
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rlrun.common.config import EnvConfig, RunConfig
 from rlrun.common.errors import RequestError
@@ -15,7 +15,7 @@ from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.tokenizer_info import load_with_info
 from rlrun.common.types import GenerationPlan, Trace, TraceError
 from rlrun.common.wire import trace_to_proto
-from rlrun.env_server.algorithms import BranchResult, run_env_algorithms
+from rlrun.env_server.algorithms import AlgorithmContext, BranchResult, run_env_algorithms
 from rlrun.env_server.logs import RolloutLog
 from rlrun.env_server.metrics import CANCELLED as CANCELLED_ROLLOUTS
 from rlrun.env_server.metrics import (
@@ -26,6 +26,7 @@ from rlrun.env_server.metrics import (
     ROLLOUTS,
     init_env,
 )
+from rlrun.env_server.model_scorer import ModelScorer
 from rlrun.env_server.pool import JobCancelled, WorkerLost, WorkerPool
 from rlrun.env_server.registry import make_env
 from rlrun.env_server.rollout import CANCELLED, RolloutJob, error_traces
@@ -60,7 +61,8 @@ class EnvHost:
     def __init__(self, entry: EnvConfig, config: RunConfig, log_dir: Path, client_options: ClientOptions):
         self.key = entry.key
         init_env(self.key)
-        self.env = make_env(entry.id, entry.args)
+        harness = entry.harness.model_dump() if entry.harness else None
+        self.env = make_env(entry.id, entry.args, harness)
         self.temperature = entry.sampling.apply(config.orchestrator.train.sampling).temperature
         tokenizer, self.tokenizer = load_with_info(config.model.tokenizer, config.model.path)
         self.vocab_size = tokenizer.vocab_size
@@ -69,6 +71,7 @@ class EnvHost:
                 env_key=self.key,
                 env_id=entry.id,
                 env_args=dict(entry.args),
+                harness=harness,
                 tokenizer_path=config.model.tokenizer,
                 checkpoint_dir=config.model.path,
                 max_model_len=config.model.max_model_len,
@@ -80,6 +83,8 @@ class EnvHost:
             entry.pool,
         )
         self.rollout_log = RolloutLog(log_dir, self.key)
+        self.scorer = ModelScorer(client_options)
+        """Score on the model endpoints RunAlgorithms names (env-owned algorithms run here)."""
         self._jobs: dict[int, tuple[RolloutJob, asyncio.Event]] = {}
         self._job_ids = itertools.count()
         self._cancelled = _RecentIds(REMEMBERED_CANCELS)
@@ -89,6 +94,7 @@ class EnvHost:
 
     async def stop(self) -> None:
         await self.pool.stop()
+        await self.scorer.close()
         self.rollout_log.close()
 
     # -- GetInfo and validation ---------------------------------------------------------------
@@ -226,5 +232,19 @@ class EnvHost:
                     f"env {self.key!r} has no algorithm {algorithm_id!r}; it has {sorted(available)}",
                 )
 
-    def run_algorithms(self, ids: list[str], traces: list[Trace]) -> list[BranchResult]:
-        return run_env_algorithms(self.env.algorithms(), ids, traces)
+    async def run_algorithms(
+        self,
+        ids: list[str],
+        traces: list[Trace],
+        args: dict[str, dict[str, Any]] | None = None,
+        models: dict[str, list[str]] | None = None,
+    ) -> list[BranchResult]:
+        """Runs `ids` over one group's traces, each with its settings (`args[id]`) and the
+        run's model endpoints (`models`: key -> replicas)."""
+        contexts = {
+            algorithm_id: AlgorithmContext(
+                dict((args or {}).get(algorithm_id, {})), dict(models or {}), self.scorer
+            )
+            for algorithm_id in ids
+        }
+        return await run_env_algorithms(self.env.algorithms(), ids, traces, contexts)

@@ -7,6 +7,7 @@ import importlib
 from typing import Any
 
 from rlrun.env_server.environment import Environment
+from rlrun.env_server.harnesses.registry import make_harness
 
 BUILTIN: dict[str, str] = {
     "reverse-text": "rlrun.env_server.envs.reverse_text:ReverseText",
@@ -35,10 +36,17 @@ def resolve(env_id: str) -> type[Environment]:
     return cls
 
 
-def make_env(env_id: str, args: dict[str, Any]) -> Environment:
-    """Builds the environment with the entry's `args` as keyword arguments."""
+def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None = None) -> Environment:
+    """Builds the environment with the entry's `args` as keyword arguments; with `harness`
+    (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
     cls = resolve(env_id)
     try:
-        return cls(**args)
+        env = cls(**args)
     except TypeError as error:
         raise ValueError(f"environment {env_id!r}: bad args {sorted(args)}: {error}") from None
+    if harness is not None:
+        try:
+            env.harness = make_harness(harness["id"], dict(harness.get("args", {})), env)
+        except ValueError as error:
+            raise ValueError(f"environment {env_id!r}: {error}") from None
+    return env

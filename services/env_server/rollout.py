@@ -250,9 +250,19 @@ async def run_rollouts(
         )
         return error_traces(job, trace_error(error), members=env.members)
 
+    setup = {"s": time.perf_counter() - started}
+
+    async def drive() -> None:
+        began = time.perf_counter()
+        try:
+            await env.harness.setup(episodes)
+        finally:
+            setup["s"] += time.perf_counter() - began
+        await env.harness.run_group(episodes)
+
     outcome = "done"
     try:
-        outcome = await _drive(asyncio.ensure_future(env.harness.run_group(episodes)), timeout_s, cancelled)
+        outcome = await _drive(asyncio.ensure_future(drive()), timeout_s, cancelled)
     except Exception as error:
         for episode in episodes:
             if not episode.done:
@@ -272,7 +282,12 @@ async def run_rollouts(
     total_s = time.perf_counter() - started
     for i, (rollout_id, episode) in enumerate(zip(job.rollout_ids, episodes, strict=True)):
         for trace in _traces(rollout_id, job, ref, episode, scores.get(i)):
-            trace.timing = {"generation_s": episode.generation_s, "scoring_s": scoring_s, "total_s": total_s}
+            trace.timing = {
+                "setup_s": setup["s"],
+                "generation_s": episode.generation_s,
+                "scoring_s": scoring_s,
+                "total_s": total_s,
+            }
             trace.validate(f"trace[{trace.id}]")
             traces.append(trace)
         if episode.error is not None and traces[-1].errors[0].type in ("HarnessError", "ScoringError"):

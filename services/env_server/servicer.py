@@ -7,7 +7,9 @@ rollout is a trace with `errors`; INTERNAL means a bug of this server.
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 import grpc
 
@@ -73,7 +75,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         host = self._host(request.env_id, "env_id")
         host.check_algorithms(list(request.algorithms))
         traces = [trace_from_proto(t, f"traces[{i}]") for i, t in enumerate(request.traces)]
-        results = host.run_algorithms(list(request.algorithms), traces)
+        args = _algorithm_args(request.algorithm_args)
+        models = {m.name: list(m.addresses) for m in request.models if m.addresses}
+        results = await host.run_algorithms(list(request.algorithms), traces, args, models)
         return env_pb2.RunAlgorithmsResponse(
             results=[
                 env_pb2.BranchResult(
@@ -90,3 +94,17 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     async def Cancel(self, request, context):
         groups, rollouts = set(request.group_ids), set(request.rollout_ids)
         return env_pb2.CancelResponse(cancelled=sum(h.cancel(groups, rollouts) for h in self.hosts.values()))
+
+
+def _algorithm_args(raw) -> dict[str, dict[str, Any]]:
+    """RunAlgorithmsRequest.algorithm_args: algorithm id -> a JSON object."""
+    out: dict[str, dict[str, Any]] = {}
+    for algorithm_id, text in raw.items():
+        try:
+            value = json.loads(text) if text else {}
+        except json.JSONDecodeError as error:
+            raise RequestError(f"algorithm_args[{algorithm_id}]", f"is not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise RequestError(f"algorithm_args[{algorithm_id}]", "must be a JSON object")
+        out[algorithm_id] = value
+    return out

@@ -70,6 +70,8 @@ class WorkerSpec:
     """How long a Generate keeps trying replicas that are UNAVAILABLE (grpc.unavailable_retry_s)."""
     log_dir: Path | None = None
     log_level: str = "INFO"
+    harness: dict[str, Any] | None = None
+    """The entry's `harness = {id, args}`; None: the env's own."""
 
 
 def worker_main(spec: WorkerSpec, sock: socket.socket) -> None:
@@ -124,7 +126,9 @@ async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
     tokenizer = load_tokenizer(spec.tokenizer_path, spec.checkpoint_dir)
     client = InferenceClient(spec.client_options, spec.unavailable_retry_s)
     worker = _Worker(
-        make_env(spec.env_id, spec.env_args), Runtime(tokenizer, client, spec.max_model_len), writer
+        make_env(spec.env_id, spec.env_args, spec.harness),
+        Runtime(tokenizer, client, spec.max_model_len),
+        writer,
     )
     send_message(writer, ("ready",))
     try:

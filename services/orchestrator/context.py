@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlrun.common.config import ConfigError, RunConfig
+from rlrun.common.config.orchestrator import POLICY
 from rlrun.common.types import GenerationPlan, Trace
 from rlrun.orchestrator.algorithms import AlgorithmDeps, BranchResult
 from rlrun.orchestrator.connections import Connections
@@ -21,6 +22,7 @@ from rlrun.orchestrator.rollouts import EnvRollouts
 from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.state import OrchestratorState
 from rlrun.orchestrator.step import RunFailed
+from rlrun.v1 import plan_pb2
 
 if TYPE_CHECKING:
     from rlrun.common.tokenizer import Tokenizer
@@ -53,6 +55,25 @@ def check_members(config: RunConfig, descriptions: dict[str, EnvDescription]) ->
                 "orchestrator.members",
                 f"members {configured} differ from env {key!r}'s members {offered}",
             )
+
+
+def algorithm_models(config: RunConfig) -> list[plan_pb2.ModelEndpoint]:
+    """The model endpoints RunAlgorithms carries: the live policy and every inference target of
+    [orchestrator.models] that has replicas (e.g. `reference`), so an env-owned algorithm can
+    score with them."""
+    endpoints = [
+        plan_pb2.ModelEndpoint(
+            name=POLICY, kind=plan_pb2.ENDPOINT_KIND_INFERENCE, addresses=list(config.inference.addresses)
+        )
+    ]
+    for key, target in config.orchestrator.models.items():
+        if target.kind == "inference" and target.addresses:
+            endpoints.append(
+                plan_pb2.ModelEndpoint(
+                    name=key, kind=plan_pb2.ENDPOINT_KIND_INFERENCE, addresses=list(target.addresses)
+                )
+            )
+    return endpoints
 
 
 class MessageRenderer:
@@ -104,8 +125,10 @@ class RunContext:
         plans = compile_plans(config)
         env_by_id = {d.env_id: connections.envs[key] for key, d in descriptions.items()}
 
+        models = algorithm_models(config)
+
         async def run_algorithms(env_id: str, ids: list[str], traces: list[Trace]) -> list[BranchResult]:
-            return await env_by_id[env_id].run_algorithms(env_id, ids, traces)
+            return await env_by_id[env_id].run_algorithms(env_id, ids, traces, orch.algorithm_args, models)
 
         deps = AlgorithmDeps(
             scorer=connections.scorer,

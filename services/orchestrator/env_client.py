@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -112,9 +115,22 @@ class EnvClient:
         reply = await self.stub.Cancel(env_pb2.CancelRequest(group_ids=group_ids), timeout=10.0)
         return reply.cancelled
 
-    async def run_algorithms(self, env_id: str, ids: list[str], traces: list[Trace]) -> list[BranchResult]:
+    async def run_algorithms(
+        self,
+        env_id: str,
+        ids: list[str],
+        traces: list[Trace],
+        args: dict[str, dict[str, Any]] | None = None,
+        models: Sequence[plan_pb2.ModelEndpoint] = (),
+    ) -> list[BranchResult]:
+        """The env's own algorithms over one group, with each one's settings (`args[id]`,
+        sent as JSON) and the run's model endpoints."""
         request = env_pb2.RunAlgorithmsRequest(
-            env_id=env_id, algorithms=ids, traces=[trace_to_proto(t) for t in traces]
+            env_id=env_id,
+            algorithms=ids,
+            traces=[trace_to_proto(t) for t in traces],
+            algorithm_args={i: json.dumps(args[i]) for i in ids if args and i in args},
+            models=list(models),
         )
         reply = await self.stub.RunAlgorithms(request)
         where = f"RunAlgorithms({env_id}).results"

@@ -26,7 +26,7 @@ from rlrun.v1 import plan_pb2 as rlrun_dot_v1_dot_plan__pb2
 from rlrun.v1 import trace_pb2 as rlrun_dot_v1_dot_trace__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12rlrun/v1/env.proto\x12\x08rlrun.v1\x1a\x13rlrun/v1/plan.proto\x1a\x14rlrun/v1/trace.proto\"\'\n\x0bRewardRange\x12\x0b\n\x03min\x18\x01 \x01(\x01\x12\x0b\n\x03max\x18\x02 \x01(\x01\"\xae\x02\n\x07\x45nvInfo\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x36\n\x0btask_counts\x18\x02 \x03(\x0b\x32!.rlrun.v1.EnvInfo.TaskCountsEntry\x12\x15\n\rgroup_scoring\x18\x03 \x01(\x08\x12\x12\n\nalgorithms\x18\x04 \x03(\t\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12*\n\ttokenizer\x18\x07 \x01(\x0b\x32\x17.rlrun.v1.TokenizerInfo\x12+\n\x0creward_range\x18\x08 \x01(\x0b\x32\x15.rlrun.v1.RewardRange\x1a\x31\n\x0fTaskCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x10\n\x0eGetInfoRequest\"2\n\x0fGetInfoResponse\x12\x1f\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x11.rlrun.v1.EnvInfo\"\x82\x01\n\x11RunRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x1f\n\x04task\x18\x03 \x01(\x0b\x32\x11.rlrun.v1.TaskRef\x12&\n\x04plan\x18\x04 \x01(\x0b\x32\x18.rlrun.v1.GenerationPlan\"5\n\x12RunRolloutResponse\x12\x1f\n\x06traces\x18\x01 \x03(\x0b\x32\x0f.rlrun.v1.Trace\"w\n\x0fRunGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x1f\n\x04task\x18\x02 \x01(\x0b\x32\x11.rlrun.v1.TaskRef\x12&\n\x04plan\x18\x03 \x01(\x0b\x32\x18.rlrun.v1.GenerationPlan\x12\t\n\x01n\x18\x04 \x01(\x05\"3\n\x10RunGroupResponse\x12\x1f\n\x06traces\x18\x01 \x03(\x0b\x32\x0f.rlrun.v1.Trace\"[\n\x14RunAlgorithmsRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x12\n\nalgorithms\x18\x02 \x03(\t\x12\x1f\n\x06traces\x18\x03 \x03(\x0b\x32\x0f.rlrun.v1.Trace\"r\n\x0c\x42ranchResult\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62ranch_index\x18\x02 \x01(\x05\x12,\n\x08\x63hannels\x18\x03 \x03(\x0b\x32\x1a.rlrun.v1.AdvantageChannel\x12\x0c\n\x04mask\x18\x04 \x03(\x08\"@\n\x15RunAlgorithmsResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.rlrun.v1.BranchResult\"7\n\rCancelRequest\x12\x11\n\tgroup_ids\x18\x01 \x03(\t\x12\x13\n\x0brollout_ids\x18\x02 \x03(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x05\x32\xe7\x02\n\nEnvService\x12>\n\x07GetInfo\x12\x18.rlrun.v1.GetInfoRequest\x1a\x19.rlrun.v1.GetInfoResponse\x12G\n\nRunRollout\x12\x1b.rlrun.v1.RunRolloutRequest\x1a\x1c.rlrun.v1.RunRolloutResponse\x12\x41\n\x08RunGroup\x12\x19.rlrun.v1.RunGroupRequest\x1a\x1a.rlrun.v1.RunGroupResponse\x12P\n\rRunAlgorithms\x12\x1e.rlrun.v1.RunAlgorithmsRequest\x1a\x1f.rlrun.v1.RunAlgorithmsResponse\x12;\n\x06\x43\x61ncel\x12\x17.rlrun.v1.CancelRequest\x1a\x18.rlrun.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12rlrun/v1/env.proto\x12\x08rlrun.v1\x1a\x13rlrun/v1/plan.proto\x1a\x14rlrun/v1/trace.proto\"\'\n\x0bRewardRange\x12\x0b\n\x03min\x18\x01 \x01(\x01\x12\x0b\n\x03max\x18\x02 \x01(\x01\"\xae\x02\n\x07\x45nvInfo\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x36\n\x0btask_counts\x18\x02 \x03(\x0b\x32!.rlrun.v1.EnvInfo.TaskCountsEntry\x12\x15\n\rgroup_scoring\x18\x03 \x01(\x08\x12\x12\n\nalgorithms\x18\x04 \x03(\t\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12*\n\ttokenizer\x18\x07 \x01(\x0b\x32\x17.rlrun.v1.TokenizerInfo\x12+\n\x0creward_range\x18\x08 \x01(\x0b\x32\x15.rlrun.v1.RewardRange\x1a\x31\n\x0fTaskCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x10\n\x0eGetInfoRequest\"2\n\x0fGetInfoResponse\x12\x1f\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x11.rlrun.v1.EnvInfo\"\x82\x01\n\x11RunRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x1f\n\x04task\x18\x03 \x01(\x0b\x32\x11.rlrun.v1.TaskRef\x12&\n\x04plan\x18\x04 \x01(\x0b\x32\x18.rlrun.v1.GenerationPlan\"5\n\x12RunRolloutResponse\x12\x1f\n\x06traces\x18\x01 \x03(\x0b\x32\x0f.rlrun.v1.Trace\"w\n\x0fRunGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x1f\n\x04task\x18\x02 \x01(\x0b\x32\x11.rlrun.v1.TaskRef\x12&\n\x04plan\x18\x03 \x01(\x0b\x32\x18.rlrun.v1.GenerationPlan\x12\t\n\x01n\x18\x04 \x01(\x05\"3\n\x10RunGroupResponse\x12\x1f\n\x06traces\x18\x01 \x03(\x0b\x32\x0f.rlrun.v1.Trace\"\x85\x02\n\x14RunAlgorithmsRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x12\n\nalgorithms\x18\x02 \x03(\t\x12\x1f\n\x06traces\x18\x03 \x03(\x0b\x32\x0f.rlrun.v1.Trace\x12I\n\x0e\x61lgorithm_args\x18\x04 \x03(\x0b\x32\x31.rlrun.v1.RunAlgorithmsRequest.AlgorithmArgsEntry\x12\'\n\x06models\x18\x05 \x03(\x0b\x32\x17.rlrun.v1.ModelEndpoint\x1a\x34\n\x12\x41lgorithmArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"r\n\x0c\x42ranchResult\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62ranch_index\x18\x02 \x01(\x05\x12,\n\x08\x63hannels\x18\x03 \x03(\x0b\x32\x1a.rlrun.v1.AdvantageChannel\x12\x0c\n\x04mask\x18\x04 \x03(\x08\"@\n\x15RunAlgorithmsResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.rlrun.v1.BranchResult\"7\n\rCancelRequest\x12\x11\n\tgroup_ids\x18\x01 \x03(\t\x12\x13\n\x0brollout_ids\x18\x02 \x03(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x05\x32\xe7\x02\n\nEnvService\x12>\n\x07GetInfo\x12\x18.rlrun.v1.GetInfoRequest\x1a\x19.rlrun.v1.GetInfoResponse\x12G\n\nRunRollout\x12\x1b.rlrun.v1.RunRolloutRequest\x1a\x1c.rlrun.v1.RunRolloutResponse\x12\x41\n\x08RunGroup\x12\x19.rlrun.v1.RunGroupRequest\x1a\x1a.rlrun.v1.RunGroupResponse\x12P\n\rRunAlgorithms\x12\x1e.rlrun.v1.RunAlgorithmsRequest\x1a\x1f.rlrun.v1.RunAlgorithmsResponse\x12;\n\x06\x43\x61ncel\x12\x17.rlrun.v1.CancelRequest\x1a\x18.rlrun.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENVINFO_TASKCOUNTSENTRY']._loaded_options = None
   _globals['_ENVINFO_TASKCOUNTSENTRY']._serialized_options = b'8\001'
+  _globals['_RUNALGORITHMSREQUEST_ALGORITHMARGSENTRY']._loaded_options = None
+  _globals['_RUNALGORITHMSREQUEST_ALGORITHMARGSENTRY']._serialized_options = b'8\001'
   _globals['_REWARDRANGE']._serialized_start=75
   _globals['_REWARDRANGE']._serialized_end=114
   _globals['_ENVINFO']._serialized_start=117
@@ -53,16 +55,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNGROUPREQUEST']._serialized_end=798
   _globals['_RUNGROUPRESPONSE']._serialized_start=800
   _globals['_RUNGROUPRESPONSE']._serialized_end=851
-  _globals['_RUNALGORITHMSREQUEST']._serialized_start=853
-  _globals['_RUNALGORITHMSREQUEST']._serialized_end=944
-  _globals['_BRANCHRESULT']._serialized_start=946
-  _globals['_BRANCHRESULT']._serialized_end=1060
-  _globals['_RUNALGORITHMSRESPONSE']._serialized_start=1062
-  _globals['_RUNALGORITHMSRESPONSE']._serialized_end=1126
-  _globals['_CANCELREQUEST']._serialized_start=1128
-  _globals['_CANCELREQUEST']._serialized_end=1183
-  _globals['_CANCELRESPONSE']._serialized_start=1185
-  _globals['_CANCELRESPONSE']._serialized_end=1220
-  _globals['_ENVSERVICE']._serialized_start=1223
-  _globals['_ENVSERVICE']._serialized_end=1582
+  _globals['_RUNALGORITHMSREQUEST']._serialized_start=854
+  _globals['_RUNALGORITHMSREQUEST']._serialized_end=1115
+  _globals['_RUNALGORITHMSREQUEST_ALGORITHMARGSENTRY']._serialized_start=1063
+  _globals['_RUNALGORITHMSREQUEST_ALGORITHMARGSENTRY']._serialized_end=1115
+  _globals['_BRANCHRESULT']._serialized_start=1117
+  _globals['_BRANCHRESULT']._serialized_end=1231
+  _globals['_RUNALGORITHMSRESPONSE']._serialized_start=1233
+  _globals['_RUNALGORITHMSRESPONSE']._serialized_end=1297
+  _globals['_CANCELREQUEST']._serialized_start=1299
+  _globals['_CANCELREQUEST']._serialized_end=1354
+  _globals['_CANCELRESPONSE']._serialized_start=1356
+  _globals['_CANCELRESPONSE']._serialized_end=1391
+  _globals['_ENVSERVICE']._serialized_start=1394
+  _globals['_ENVSERVICE']._serialized_end=1753
 # @@protoc_insertion_point(module_scope)

@@ -90,14 +90,25 @@ class RunGroupResponse(_message.Message):
     def __init__(self, traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ...) -> None: ...
 
 class RunAlgorithmsRequest(_message.Message):
-    __slots__ = ("env_id", "algorithms", "traces")
+    __slots__ = ("env_id", "algorithms", "traces", "algorithm_args", "models")
+    class AlgorithmArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     ALGORITHMS_FIELD_NUMBER: _ClassVar[int]
     TRACES_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_ARGS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     algorithms: _containers.RepeatedScalarFieldContainer[str]
     traces: _containers.RepeatedCompositeFieldContainer[_trace_pb2.Trace]
-    def __init__(self, env_id: _Optional[str] = ..., algorithms: _Optional[_Iterable[str]] = ..., traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ...) -> None: ...
+    algorithm_args: _containers.ScalarMap[str, str]
+    models: _containers.RepeatedCompositeFieldContainer[_plan_pb2.ModelEndpoint]
+    def __init__(self, env_id: _Optional[str] = ..., algorithms: _Optional[_Iterable[str]] = ..., traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., algorithm_args: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_plan_pb2.ModelEndpoint, _Mapping]]] = ...) -> None: ...
 
 class BranchResult(_message.Message):
     __slots__ = ("trace_id", "branch_index", "channels", "mask")

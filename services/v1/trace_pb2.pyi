@@ -133,14 +133,16 @@ class PolicySpan(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("generation_s", "scoring_s", "total_s")
+    __slots__ = ("generation_s", "scoring_s", "total_s", "setup_s")
     GENERATION_S_FIELD_NUMBER: _ClassVar[int]
     SCORING_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    SETUP_S_FIELD_NUMBER: _ClassVar[int]
     generation_s: float
     scoring_s: float
     total_s: float
-    def __init__(self, generation_s: _Optional[float] = ..., scoring_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+    setup_s: float
+    def __init__(self, generation_s: _Optional[float] = ..., scoring_s: _Optional[float] = ..., total_s: _Optional[float] = ..., setup_s: _Optional[float] = ...) -> None: ...
 
 class Trace(_message.Message):
     __slots__ = ("id", "rollout_id", "group_id", "task", "member_id", "nodes", "branches", "rewards", "reward", "metrics", "errors", "stop_condition", "is_truncated", "policy_span", "timing", "info")

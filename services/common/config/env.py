@@ -38,6 +38,16 @@ class PoolConfig(Section):
         return self
 
 
+class HarnessConfig(Section):
+    id: str
+    """Harness id: `single-turn`, `multi-turn` (the env's `feedback` answers each turn),
+    `tool-calling` (the env's `tools`), or the import path `package.module:Class` of a Harness
+    subclass. Required."""
+
+    args: dict[str, Any] = {}
+    """Keyword arguments of the harness (e.g. `max_turns`). Default: {}."""
+
+
 class EnvConfig(Section):
     id: str
     """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`) or
@@ -48,6 +58,10 @@ class EnvConfig(Section):
 
     args: dict[str, Any] = {}
     """Keyword arguments of the environment (e.g. `min_len`, `max_len`). Default: {}."""
+
+    harness: HarnessConfig | None = None
+    """The harness that runs this env's episodes, e.g. `{id = "multi-turn", args = {max_turns =
+    3}}`. Default: unset (the env's own)."""
 
     ratio: float = Field(1.0, gt=0)
     """Relative share of the groups this env gets. Default: 1."""
@@ -71,7 +85,7 @@ class EnvConfig(Section):
         return self.name or self.id
 
 
-STARTED_SERVER_KEYS = ("args", "pool")
+STARTED_SERVER_KEYS = ("args", "harness", "pool")
 """Keys of an env entry that configure the env-server rlrun starts for it."""
 
 

@@ -82,7 +82,8 @@ class ToolCalc(Environment):
             )
 
         self.taskset = GeneratedTaskset(draw, seed, train_size, eval_size)
-        self.harness = ToolCallingHarness({"calc": calculate}, max_tool_calls=max_tool_calls)
+        self.tools = {"calc": calculate}
+        self.harness = ToolCallingHarness(self.tools, max_tool_calls=max_tool_calls)
 
     def score(self, task: Task, episode: Episode) -> Score:
         return Score.of("correct", exact_match(episode.answer, task.data["answer"]))

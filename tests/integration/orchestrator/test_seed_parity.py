@@ -81,3 +81,31 @@ async def test_a_batch_where_more_than_a_tenth_trains_is_not_warned_about(stack,
         assert (await execute(config)).phase == "succeeded"
     assert len(stack.trainer.batches[0].samples) == 2
     assert [r for r in caplog.records if r.name == LOW] == []
+
+
+async def test_run_algorithms_carries_the_algorithm_settings_and_the_model_endpoints(stack, tmp_path):
+    stack.env.info.algorithms.append("length_bonus")
+    reference = stack.addresses["inference"]
+    config = stack.config(
+        tmp_path,
+        algorithms=["length_bonus"],
+        algorithm_args={"length_bonus": {"coef": 0.5, "target": "reference"}},
+        models={"reference": {"addresses": [reference]}},
+        max_steps=1,
+        eval={"enabled": False},
+    )
+    status = await execute(config)
+    assert status.phase == "succeeded", status.last_error
+    request = stack.env.algorithm_calls[0]
+    assert json.loads(request.algorithm_args["length_bonus"]) == {"coef": 0.5, "target": "reference"}
+    endpoints = {m.name: list(m.addresses) for m in request.models}
+    assert endpoints == {"policy": [stack.addresses["inference"]], "reference": [reference]}
+
+
+async def test_run_algorithms_without_settings_sends_none(stack, tmp_path):
+    stack.env.info.algorithms.append("length_bonus")
+    config = stack.config(tmp_path, algorithms=["length_bonus"], max_steps=1, eval={"enabled": False})
+    assert (await execute(config)).phase == "succeeded"
+    request = stack.env.algorithm_calls[0]
+    assert dict(request.algorithm_args) == {}
+    assert [m.name for m in request.models] == ["policy"]

@@ -72,7 +72,7 @@ def make_trace(example_id=7) -> Trace:
         stop_condition="completed",
         is_truncated=False,
         policy_span=(3, 4),
-        timing={"generation_s": 0.1, "scoring_s": 0.0, "total_s": 0.2},
+        timing={"setup_s": 0.05, "generation_s": 0.1, "scoring_s": 0.0, "total_s": 0.2},
         info={"learner_seat": "a"},
     )
 

@@ -47,13 +47,13 @@ def test_length_penalty_of_an_all_failed_group_is_empty():
     assert ReverseText().length_penalty_advantages([trace("A", 0.0, 4, failed=True)]) == []
 
 
-def test_results_for_one_branch_merge_channels_and_or_masks():
+async def test_results_for_one_branch_merge_channels_and_or_masks():
     t = trace("A", 1.0, 2)
     ce_on_prompt = BranchResult(
         "A", 0, [Channel("ce", [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])], [True] * 3 + [False] * 3
     )
     available = {"rl": lambda traces: [sampled_advantage(t, 0, 2.0)], "ce": lambda traces: [ce_on_prompt]}
-    [merged] = run_env_algorithms(available, ["rl", "ce"], [t])
+    [merged] = await run_env_algorithms(available, ["rl", "ce"], [t])
     assert [c.loss for c in merged.channels] == ["rl", "ce"]
     assert merged.mask == [True, True, True, False, True, True]
     assert merged.channels[0].values == [0.0, 0.0, 0.0, 0.0, 2.0, 2.0]
@@ -68,6 +68,6 @@ def test_results_for_one_branch_merge_channels_and_or_masks():
         (BranchResult("A", 0, [], [True] * 7), "bad dimensions"),
     ],
 )
-def test_an_algorithm_returning_a_bad_result_is_an_env_bug(result, message):
+async def test_an_algorithm_returning_a_bad_result_is_an_env_bug(result, message):
     with pytest.raises(RuntimeError, match=message):
-        run_env_algorithms({"bad": lambda traces: [result]}, ["bad"], [trace("A", 1.0, 2)])
+        await run_env_algorithms({"bad": lambda traces: [result]}, ["bad"], [trace("A", 1.0, 2)])

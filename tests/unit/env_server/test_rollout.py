@@ -90,7 +90,7 @@ async def test_a_group_becomes_validated_traces_in_order(tokenizer):
         assert trace.policy_span == (2, 5)
         assert trace.stop_condition == "completed" and not trace.errors
         assert trace.metrics["completion_tokens"] == len(task.data["answer"]) + 1
-        assert set(trace.timing) == {"generation_s", "scoring_s", "total_s"}
+        assert set(trace.timing) == {"setup_s", "generation_s", "scoring_s", "total_s"}
 
 
 @pytest.mark.parametrize(
@@ -219,3 +219,42 @@ def test_error_traces_cover_every_rollout_of_the_job():
     for trace in traces:
         trace.validate()
         assert trace.stop_condition == "cancelled" and trace.nodes == []
+
+
+class SlowSetupHarness(SingleTurnHarness):
+    """Setting the group up takes 0.3 s (a sandbox, say); generation is the fake's, instant."""
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.prepared: list[int] = []
+
+    async def setup(self, episodes):
+        await asyncio.sleep(0.3)
+        if self.fail:
+            raise RuntimeError("no sandbox")
+        self.prepared.append(len(episodes))
+
+
+class SlowSetupEnv(ReverseText):
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.harness = SlowSetupHarness(fail)
+
+
+async def test_setup_time_is_its_own_phase_of_the_trace_timing(tokenizer):
+    env = SlowSetupEnv()
+    traces = await run(env, tokenizer, FakeClient(tokenizer))
+    assert env.harness.prepared == [4]  # once per group, before the model calls
+    for trace in traces:
+        timing = trace.timing
+        assert timing["setup_s"] >= 0.3
+        assert timing["generation_s"] < 0.3  # the setup is not counted as generation
+        assert timing["total_s"] >= timing["setup_s"] + timing["generation_s"]
+
+
+async def test_a_failing_setup_fails_the_groups_episodes(tokenizer):
+    client = FakeClient(tokenizer)
+    traces = await run(SlowSetupEnv(fail=True), tokenizer, client)
+    assert client.calls == []
+    assert all(t.errors and "no sandbox" in t.errors[0].message for t in traces)
+    assert all(t.timing["setup_s"] >= 0.3 for t in traces)
