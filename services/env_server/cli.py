@@ -1,7 +1,7 @@
 """`rlrun serve env-server --config C [--env NAME ...]`.
 
-Hosts the `[[orchestrator.train.env]]` entries named by `--env` (their `name`, else their
-`id`; repeatable), or by default every entry without an `address`. Imports stay light here:
+Hosts the `[[orchestrator.train.env]]` and `[[orchestrator.eval.env]]` entries named by `--env`
+(their `name`, else their `id`; repeatable), or by default every entry without an `address`. Imports stay light here:
 the parser is built for every `rlrun` command.
 """
 
@@ -12,7 +12,8 @@ import argparse
 from rlrun.common.config import EnvConfig, RunConfig
 
 DESCRIPTION = (
-    "The environment server: hosts the [[orchestrator.train.env]] entries named by --env "
+    "The environment server: hosts the [[orchestrator.train.env]] and [[orchestrator.eval.env]] "
+    "entries named by --env "
     "(default: every entry without an address) and runs their rollouts (EnvService: prompts, "
     "model calls to the inference services a plan names, scoring) for the orchestrator."
 )
@@ -32,19 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def select_entries(config: RunConfig, names: list[str]) -> list[EnvConfig]:
     """The entries to host; ValueError naming an unknown entry or an empty selection."""
-    entries = config.orchestrator.train.env
+    entries = [*config.orchestrator.train.env, *config.orchestrator.eval.env]
     if not names:
         chosen = [e for e in entries if not e.address]
         if not chosen:
             raise ValueError(
-                "every orchestrator.train.env entry has an address; name the ones to host with --env"
+                "every orchestrator.train.env and orchestrator.eval.env entry has an address; "
+                "name the ones to host with --env"
             )
         return chosen
     by_key = {e.key: e for e in entries}
     unknown = [n for n in names if n not in by_key]
     if unknown:
         raise ValueError(
-            f"--env {unknown[0]!r} names no orchestrator.train.env entry; entries are {sorted(by_key)}"
+            f"--env {unknown[0]!r} names no orchestrator.train.env or orchestrator.eval.env entry; "
+            f"entries are {sorted(by_key)}"
         )
     return [by_key[n] for n in dict.fromkeys(names)]
 

@@ -153,11 +153,13 @@ class LocalRun:
                 model_sets = _set("model.path", target.checkpoint) if target.checkpoint else []
                 child = self._start(f"inference-{key}", "inference", model_sets)
                 sets += _set(f"orchestrator.models.{key}.addresses", [child.address])
-        for i, env in enumerate(cfg.orchestrator.train.env):
+        entries = [("train", i, env) for i, env in enumerate(cfg.orchestrator.train.env)]
+        entries += [("eval", i, env) for i, env in enumerate(cfg.orchestrator.eval.env)]
+        for table, i, env in entries:
             if env.address:
                 continue
             child = self._start(f"env-server-{env.key}", "env-server", [], "--env", env.key)
-            sets += _set(f"orchestrator.train.env.{i}.address", child.address)
+            sets += _set(f"orchestrator.{table}.env.{i}.address", child.address)
         # The trainer runs in a session, and so a CPU scheduling group (Linux' autogroups), of
         # its own; the services that generate share the launcher's. The kernel then splits the
         # CPU between training and generation first, not between their threads. In one group

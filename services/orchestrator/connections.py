@@ -37,6 +37,12 @@ def service_addresses(config: RunConfig) -> dict[str, str]:
                 f"orchestrator.train.env.{i}.address", f"no env-server address for env {env.key!r}"
             )
         out[f"{ENV_SERVER} {env.key}"] = env.address
+    for i, env in enumerate(config.orchestrator.eval.env):
+        if not env.address:
+            raise ConfigError(
+                f"orchestrator.eval.env.{i}.address", f"no env-server address for eval env {env.key!r}"
+            )
+        out[f"{ENV_SERVER} {env.key}"] = env.address
     if not config.trainer.address:
         raise ConfigError("trainer.address", "no trainer address")
     out["trainer"] = config.trainer.address
@@ -118,7 +124,7 @@ class Connections:
         self.options = options
         self.envs = {
             env.key: EnvClient(env.address or "", options, config.grpc.unavailable_retry_s)
-            for env in config.orchestrator.train.env
+            for env in [*config.orchestrator.train.env, *config.orchestrator.eval.env]
         }
         self.trainer = TrainerClient(config.trainer.address, options, config.grpc.unavailable_retry_s)
         self._scorers: dict[str, InferenceScorer] = {}
@@ -146,19 +152,23 @@ class Connections:
         """Every env's GetInfo, checked against the run: a declared tokenizer must be the
         live policy's, a declared temperature the configured one (plan.check_env_temperature)."""
         self.tokenizer = await self.served_tokenizer()
-        envs = self.config.orchestrator.train.env
+        orch = self.config.orchestrator
+        envs = [*orch.train.env, *orch.eval.env]
+        keys = [f"orchestrator.train.env.{i}" for i in range(len(orch.train.env))]
+        keys += [f"orchestrator.eval.env.{i}" for i in range(len(orch.eval.env))]
         found = await asyncio.gather(*(self.envs[e.key].describe(e.key, e.id) for e in envs))
         for i, (env, description) in enumerate(zip(envs, found, strict=True)):
             if description.tokenizer is not None and (
                 wrong := mismatch(description.tokenizer, self.tokenizer)
             ):
                 raise ConfigError(
-                    f"orchestrator.train.env.{i}",
+                    keys[i],
                     f"env {env.key!r} at {env.address} renders token ids with tokenizer "
                     f"{_describe(description.tokenizer)} but the model serves {_describe(self.tokenizer)} "
                     f"({'; '.join(wrong)})",
                 )
-            check_env_temperature(self.config, i, description.temperature)
+            if i < len(orch.train.env):  # an eval env trains nothing: its temperature is its own
+                check_env_temperature(self.config, i, description.temperature)
         return {env.key: description for env, description in zip(envs, found, strict=True)}
 
     def plan_proto(self, plan: GenerationPlan) -> plan_pb2.GenerationPlan:

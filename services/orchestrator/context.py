@@ -5,7 +5,8 @@ config and the envs' descriptions."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,14 @@ from rlrun.orchestrator.connections import Connections
 from rlrun.orchestrator.credit import CreditPipelines, EnvAlgorithmSpec
 from rlrun.orchestrator.env_client import EnvDescription
 from rlrun.orchestrator.filters import RolloutFilters
-from rlrun.orchestrator.plan import RunPlans, compile_plans, member_temperatures, trained_members
+from rlrun.orchestrator.plan import (
+    RunPlans,
+    compile_plan,
+    compile_plans,
+    member_temperatures,
+    sampling_params,
+    trained_members,
+)
 from rlrun.orchestrator.rollouts import EnvRollouts
 from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.state import OrchestratorState
@@ -76,6 +84,44 @@ def algorithm_models(config: RunConfig) -> list[plan_pb2.ModelEndpoint]:
     return endpoints
 
 
+@dataclass(frozen=True)
+class EvalSchedule:
+    interval: int
+    """Evaluate every this many RL steps (0: only before RL and at the end)."""
+    num_tasks: int
+
+
+def eval_env_plans(config: RunConfig, plans: RunPlans) -> dict[str, GenerationPlan]:
+    """The eval plan of every env evaluated: each [[orchestrator.eval.env]] entry's (the
+    training sampling, then orchestrator.eval.sampling, then its own), or when there is none,
+    the training envs' (plans.eval)."""
+    orch = config.orchestrator
+    if not orch.eval.env:
+        return dict(plans.eval)
+    return {
+        env.key: compile_plan(
+            config,
+            actor=POLICY,
+            sampling=sampling_params(
+                orch.train.sampling, orch.eval.sampling, env.sampling, greedy=orch.eval.greedy
+            ),
+        )
+        for env in orch.eval.env
+    }
+
+
+def eval_schedule(config: RunConfig, eval_plans: dict[str, GenerationPlan]) -> dict[str, EvalSchedule]:
+    ev = config.orchestrator.eval
+    own = {env.key: env for env in ev.env}
+    schedule = {}
+    for key in eval_plans:
+        entry = own.get(key)
+        interval = entry.interval if entry is not None and entry.interval is not None else ev.interval
+        num_tasks = entry.num_tasks if entry is not None and entry.num_tasks is not None else ev.num_tasks
+        schedule[key] = EvalSchedule(interval, num_tasks)
+    return schedule
+
+
 class MessageRenderer:
     """Renders a chat message to token ids for algorithms that score text; the tokenizer is
     loaded on first use only."""
@@ -105,16 +151,21 @@ class RunContext:
     train_targets: dict[str, EnvRollouts]
     warmup_targets: dict[str, EnvRollouts]
     eval_targets: dict[str, EnvRollouts]
+    """The envs evaluated: [[orchestrator.eval.env]] when given, else the training envs."""
     dev_targets: dict[str, EnvRollouts]
     initial: OrchestratorState
     """What a run at step 0 (a fresh trainer's checkpoint) starts from."""
+    eval_schedule: dict[str, EvalSchedule] = field(default_factory=dict)
+    """Eval env key -> its interval and task count."""
 
     @property
     def has_warmup(self) -> bool:
         return bool(self.plans.warmup)
 
-    def task_counts(self, split: str) -> dict[str, int]:
-        return {key: d.task_counts[split] for key, d in self.descriptions.items()}
+    def task_counts(self, split: str, envs: Iterable[str] | None = None) -> dict[str, int]:
+        """Tasks of `split` per env (of `envs` only, when given)."""
+        keys = list(self.descriptions) if envs is None else list(envs)
+        return {key: self.descriptions[key].task_counts[split] for key in keys}
 
     @classmethod
     def build(
@@ -123,7 +174,7 @@ class RunContext:
         orch = config.orchestrator
         check_members(config, descriptions)
         plans = compile_plans(config)
-        env_by_id = {d.env_id: connections.envs[key] for key, d in descriptions.items()}
+        env_by_id = {descriptions[e.key].env_id: connections.envs[e.key] for e in orch.train.env}
 
         models = algorithm_models(config)
 
@@ -174,9 +225,10 @@ class RunContext:
             [EnvTasks(env.key, env.ratio, task_count(env.key, "train"), held_out) for env in orch.train.env],
             orch.seed,
         )
+        eval_plans = eval_env_plans(config, plans)
         if orch.eval.enabled:
-            for env in orch.train.env:
-                task_count(env.key, "eval")
+            for key in eval_plans:
+                task_count(key, "eval")
         filters = RolloutFilters(orch.filters, model_vocab_size(config))
 
         def targets(phase_plans: dict[str, GenerationPlan]) -> dict[str, EnvRollouts]:
@@ -192,7 +244,7 @@ class RunContext:
                 for key, plan in phase_plans.items()
             }
 
-        eval_targets, dev_targets = targets(plans.eval), targets(plans.dev)
+        eval_targets, dev_targets = targets(eval_plans), targets(plans.dev)
         return cls(
             descriptions=descriptions,
             plans=plans,
@@ -207,4 +259,5 @@ class RunContext:
             initial=OrchestratorState(
                 trainer_step=0, policy_version=0, sampler=sampler.state(), algorithms=credit.state_dict()
             ),
+            eval_schedule=eval_schedule(config, eval_plans),
         )

@@ -1,5 +1,6 @@
 """Evals during a run: the eval split before RL, every `orchestrator.eval.interval` RL steps
-and at the end; the warm start's dev check every `warm_start.eval_interval` warm steps."""
+(each [[orchestrator.eval.env]] entry at its own interval, when the run has eval envs) and at
+the end; the warm start's dev check every `warm_start.eval_interval` warm steps."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class EvalRecord:
 class _EvalSpec:
     targets: dict[str, EnvRollouts]
     split: str
-    num_tasks: int
+    num_tasks: dict[str, int]
+    """Env key -> tasks per eval."""
     k: int
     name: str
     """`eval` or `dev`: the phase of its metrics line and the prefix of its summary keys."""
@@ -68,10 +70,19 @@ class Evaluator:
             state.eval_reward_start = summary["eval_reward"]
             state.win_rate_start = summary.get("win_rate")
 
+    def due(self, number: int, max_steps: int) -> list[str]:
+        """The eval envs due after RL step `number`: those whose interval divides it, every one
+        after the last step."""
+        return [
+            key
+            for key, schedule in self.context.eval_schedule.items()
+            if number == max_steps or (schedule.interval and number % schedule.interval == 0)
+        ]
+
     async def after_rl_step(self, number: int, max_steps: int, line: dict[str, float]) -> None:
-        ev = self.orch.eval
-        if ev.enabled and ((ev.interval and number % ev.interval == 0) or number == max_steps):
-            summary = await self.evaluate(rl_step=number)
+        due = self.due(number, max_steps)
+        if self.orch.eval.enabled and due:
+            summary = await self.evaluate(rl_step=number, envs=due)
             line["eval_reward"] = summary["eval_reward"]
             if "win_rate" in summary:
                 line["win_rate"] = summary["win_rate"]
@@ -98,18 +109,23 @@ class Evaluator:
 
     # -- the evals -------------------------------------------------------------------------------
 
-    async def evaluate(self, rl_step: int) -> dict[str, float]:
+    async def evaluate(self, rl_step: int, envs: list[str] | None = None) -> dict[str, float]:
+        """An eval of `envs` (default: every eval env) on their eval split."""
         ev = self.orch.eval
-        spec = _EvalSpec(
-            self.context.eval_targets, "eval", ev.num_tasks, 1 if ev.greedy else ev.pass_k, "eval"
-        )
+        targets = self.context.eval_targets
+        if envs is not None:
+            targets = {key: target for key, target in targets.items() if key in envs}
+        schedule = self.context.eval_schedule
+        num_tasks = {key: schedule[key].num_tasks if key in schedule else ev.num_tasks for key in targets}
+        spec = _EvalSpec(targets, "eval", num_tasks, 1 if ev.greedy else ev.pass_k, "eval")
         summary = await self._run(spec, f"step_{rl_step}", rl_step)
         self.last = EvalRecord(rl_step, summary)
         self.status.eval_reward = summary["eval_reward"]
         return summary
 
     async def evaluate_dev(self, warm_step: int) -> float:
-        spec = _EvalSpec(self.context.dev_targets, "train", self.orch.warm_start.dev_tasks, 1, "dev")
+        targets = self.context.dev_targets
+        spec = _EvalSpec(targets, "train", dict.fromkeys(targets, self.orch.warm_start.dev_tasks), 1, "dev")
         summary = await self._run(spec, f"dev_step_{warm_step}", warm_step)
         self.progress.state.dev_reward = summary["dev_reward"]
         self.status.eval_reward = summary["dev_reward"]
@@ -118,7 +134,12 @@ class Evaluator:
     async def _run(self, spec: _EvalSpec, file: str, step: int) -> dict[str, float]:
         started = time.monotonic()
         trainer_step = self.progress.trainer_step
-        tasks = eval_tasks(self.context.task_counts(spec.split), spec.split, spec.num_tasks)
+        counts = self.context.task_counts(spec.split, spec.targets)
+        tasks = [
+            task
+            for key, count in counts.items()
+            for task in eval_tasks({key: count}, spec.split, spec.num_tasks[key])
+        ]
         result = await run_eval(
             spec.targets,
             tasks,

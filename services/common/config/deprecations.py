@@ -75,6 +75,10 @@ def translate_deprecated(raw: dict[str, Any]) -> list[str]:
     for i, env in enumerate(train.get("env", []) if isinstance(train, dict) else []):
         if isinstance(env, dict):
             _translate_num_workers(env, f"orchestrator.train.env.{i}", warnings)
+    ev = orch.get("eval")
+    for i, env in enumerate(ev.get("env", []) if isinstance(ev, dict) else []):
+        if isinstance(env, dict):
+            _translate_num_workers(env, f"orchestrator.eval.env.{i}", warnings)
     return warnings
 
 

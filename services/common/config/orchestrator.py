@@ -22,6 +22,27 @@ class TrainConfig(Section):
     """The environments; at least one."""
 
 
+class EvalEnvConfig(EnvConfig):
+    """[[orchestrator.eval.env]]: an environment that is only evaluated, never trained on; the
+    keys of [[orchestrator.train.env]] (its env-server, args, harness, pool, address, sampling)
+    plus its own interval and task count."""
+
+    interval: int | None = Field(None, ge=0)
+    """Evaluate this env every this many RL steps (0 = only at start and end). Default: unset
+    (orchestrator.eval.interval)."""
+
+    num_tasks: int | None = Field(None, ge=1)
+    """Tasks of its eval split per eval (capped by the split's size). Default: unset
+    (orchestrator.eval.num_tasks)."""
+
+    @model_validator(mode="after")
+    def _eval_only(self) -> EvalEnvConfig:
+        for key in ("ratio", "algorithms"):
+            if key in self.model_fields_set:
+                raise ValueError(f"`{key}` is about training; an eval env ({self.key!r}) trains nothing")
+        return self
+
+
 class EvalConfig(Section):
     enabled: bool = True
     """Evaluate on the eval split at the start, every `interval` steps, and at the end. Default: true."""
@@ -44,6 +65,11 @@ class EvalConfig(Section):
 
     sampling: SamplingOverrides = SamplingOverrides()
     """Sampling overrides for eval (temperature is forced to 0 when greedy). Default: none."""
+
+    env: list[EvalEnvConfig] = []
+    """Envs evaluated instead of the training envs' eval split, each with its own sampling
+    (over `sampling`), interval and task count. Default: none (eval runs the training envs'
+    eval split)."""
 
     @model_validator(mode="after")
     def _greedy_single(self) -> EvalConfig:
@@ -286,6 +312,12 @@ class OrchestratorConfig(Section):
         names = [env.key for env in self.train.env]
         if len(set(names)) != len(names):
             raise ValueError(f"orchestrator.train.env names must be unique, got {names}")
+        eval_names = [env.key for env in self.eval.env]
+        if len(set(names + eval_names)) != len(names) + len(eval_names):
+            raise ValueError(
+                f"orchestrator.eval.env names must be unique and differ from the training envs' "
+                f"(give an eval entry its own `name`), got train {names}, eval {eval_names}"
+            )
         member_ids = [m.id for m in self.members]
         if len(set(member_ids)) != len(member_ids):
             raise ValueError(f"orchestrator.members ids must be unique, got {member_ids}")

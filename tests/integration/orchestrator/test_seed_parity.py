@@ -109,3 +109,81 @@ async def test_run_algorithms_without_settings_sends_none(stack, tmp_path):
     request = stack.env.algorithm_calls[0]
     assert dict(request.algorithm_args) == {}
     assert [m.name for m in request.models] == ["policy"]
+
+
+def eval_lines(tmp_path):
+    return [r for r in read_lines(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "eval"]
+
+
+async def test_eval_envs_of_their_own_run_with_their_own_sampling_interval_and_task_count(stack, tmp_path):
+    """Training on reverse-text (envs[0]); evaluating only arithmetic (envs[1]), every 3 steps,
+    2 tasks, at most 5 tokens, greedily."""
+    config = stack.config(
+        tmp_path,
+        max_steps=4,
+        eval={
+            "interval": 1,
+            "num_tasks": 6,
+            "env": [
+                {
+                    "id": "arithmetic",
+                    "address": stack.addresses["envs"][1],
+                    "interval": 3,
+                    "num_tasks": 2,
+                    "sampling": {"max_completion_tokens": 5},
+                }
+            ],
+        },
+    )
+    status = await execute(config)
+    assert status.phase == "succeeded", status.last_error
+    assert not [
+        c for c in stack.envs[0].calls if c.group_id.startswith("eval")
+    ]  # the train env is not evaluated
+    evals = stack.envs[1].calls
+    assert evals and all(c.group_id.startswith("eval") and c.task.split == "eval" for c in evals)
+    assert all(c.plan.targets[0].sampling.max_tokens == 5 for c in evals)
+    assert all(c.plan.targets[0].sampling.temperature == 0 for c in evals)
+    lines = eval_lines(tmp_path)
+    assert [r["step"] for r in lines] == [0, 3, 4]  # before RL, its interval, the end
+    assert all(r["tasks"] == 2 and "env/arithmetic/eval_reward" in r for r in lines)
+    assert all(r["env"] == "arithmetic" for r in read_lines(tmp_path / "run" / "eval" / "step_3.jsonl"))
+
+
+async def test_each_eval_env_falls_due_at_its_own_interval(stack, tmp_path):
+    config = stack.config(
+        tmp_path,
+        max_steps=4,
+        eval={
+            "num_tasks": 2,
+            "env": [
+                {
+                    "id": "reverse-text",
+                    "name": "rt-eval",
+                    "address": stack.addresses["envs"][0],
+                    "interval": 2,
+                },
+                {"id": "arithmetic", "address": stack.addresses["envs"][1], "interval": 3},
+            ],
+        },
+    )
+    status = await execute(config)
+    assert status.phase == "succeeded", status.last_error
+    evaluated = {
+        r["step"]: sorted(k.split("/")[1] for k in r if k.startswith("env/") and k.endswith("/eval_reward"))
+        for r in eval_lines(tmp_path)
+    }
+    assert evaluated == {
+        0: ["arithmetic", "rt-eval"],
+        2: ["rt-eval"],
+        3: ["arithmetic"],
+        4: ["arithmetic", "rt-eval"],
+    }
+
+
+async def test_without_eval_envs_the_training_envs_eval_split_is_evaluated(stack, tmp_path):
+    config = stack.config(tmp_path, max_steps=2, eval={"num_tasks": 3, "interval": 1})
+    assert (await execute(config)).phase == "succeeded"
+    lines = eval_lines(tmp_path)
+    assert [r["step"] for r in lines] == [0, 1, 2]
+    assert all(r["tasks"] == 3 and "env/reverse-text/eval_reward" in r for r in lines)
