@@ -1,4 +1,4 @@
-"""The `rlrun` command: local, serve <service>, check-config, operator, bench."""
+"""The `rlrun` command: local, eval, serve <service>, check-config, operator, bench."""
 
 from __future__ import annotations
 
@@ -61,6 +61,44 @@ def _load_module(name: str, what: str):
         raise
 
 
+def _add_eval_parser(sub) -> None:
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint (or an OpenAI-compatible endpoint) on the run's eval envs",
+        description="Roll out the first orchestrator.eval.num_tasks tasks of the eval split of every "
+        "env in the run file against one model, with the eval's sampling (greedy by default; "
+        "pass@k with orchestrator.eval.pass_k), and print a summary table. --checkpoint starts an "
+        "inference service on a trainer checkpoint (outputs/<name>/checkpoints/step_N) or a model "
+        "folder; --endpoint uses an external OpenAI-compatible API instead (its key from the env "
+        "var --api-key-env names). Env-servers are started as `rlrun local` starts them. The output "
+        "folder gets results.jsonl (one line per task, written as each finishes), metrics.json and "
+        "the services' logs. Ctrl-C stops; the same command again resumes, skipping the tasks "
+        "already in results.jsonl. The last output line is the summary as JSON.",
+    )
+    _add_config_args(ev, positional=True)
+    model = ev.add_mutually_exclusive_group(required=True)
+    model.add_argument("--checkpoint", type=Path, help="trainer checkpoint folder (step_N) or model folder")
+    model.add_argument(
+        "--endpoint", metavar="URL", help="base URL of an OpenAI-compatible API, e.g. http://host:8000/v1"
+    )
+    ev.add_argument(
+        "--endpoint-model", metavar="NAME", help="model name sent to --endpoint (default: the run's name)"
+    )
+    ev.add_argument(
+        "--api-key-env",
+        default="",
+        metavar="VAR",
+        help="environment variable holding --endpoint's API key (default: none sent)",
+    )
+    ev.add_argument(
+        "--output-dir",
+        type=Path,
+        help="output folder (default: <run output folder>/eval/<checkpoint folder name or 'endpoint'>)",
+    )
+    ev.add_argument("--num-tasks", type=int, help="tasks per env (overrides orchestrator.eval.num_tasks)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlrun",
@@ -97,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="restarts of each service after it dies (with backoff) before the run gives up; "
         "0 = none (default: 5)",
     )
+
+    _add_eval_parser(sub)
 
     serve = sub.add_parser(
         "serve",
@@ -246,6 +286,36 @@ def _local(args: argparse.Namespace) -> int:
     )
 
 
+def _eval(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.num_tasks is not None:
+        overrides.append(f"orchestrator.eval.num_tasks={args.num_tasks}")
+    try:
+        config = load_run_config(args.config, overrides)
+        check_external_envs(config.orchestrator.train.env)
+    except ConfigError as error:
+        print(f"rlrun: invalid config: {error}", file=sys.stderr)
+        return 2
+    runner = _load_module("rlrun.eval.runner", "`rlrun eval`")
+    name = args.checkpoint.resolve().name if args.checkpoint else "endpoint"
+    request = runner.EvalRequest(
+        config=config,
+        config_path=args.config,
+        overrides=overrides,
+        checkpoint=args.checkpoint,
+        endpoint=args.endpoint,
+        endpoint_model=args.endpoint_model,
+        api_key_env=args.api_key_env,
+        output_dir=args.output_dir or config.run_dir / "eval" / name,
+        progress=not args.no_progress,
+    )
+    try:
+        return runner.run_eval_command(request)
+    except ConfigError as error:
+        print(f"rlrun eval: {error}", file=sys.stderr)
+        return 2
+
+
 def _operator(args: argparse.Namespace) -> int:
     if getattr(args, "operator_missing", False):
         raise SystemExit("rlrun: the operator is not available in this installation")
@@ -263,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "check-config": _check_config,
         "serve": _serve,
         "local": _local,
+        "eval": _eval,
         "operator": _operator,
         "bench": _bench,
     }

@@ -1,0 +1,119 @@
+"""`rlrun eval` (issue 34 item 12) through the real CLI: a checkpoint written with the trainer's
+save code is evaluated on the reverse_text eval split; Ctrl-C (SIGINT) stops it with the
+finished tasks on disk, and the same command resumes, running only the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlrun.common.config import load_config
+from rlrun.common.model.load import arch_dict
+from rlrun.trainer.checkpoint import save_checkpoint
+from rlrun.trainer.distributed import Parallelism
+from rlrun.trainer.learner import build_learner
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs/reverse_text.toml"
+TASKS = 96
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    config = load_config(CONFIG, [f"output_dir={json.dumps(str(tmp_path / 'train'))}"])
+    learner = build_learner(config, Parallelism.single())
+    return save_checkpoint(
+        tmp_path / "train" / "checkpoints", learner.capture_state(), b"", arch_dict(config.model), 1, 1
+    )
+
+
+def command(checkpoint: Path, out: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rlrun.cli",
+        "eval",
+        str(CONFIG),
+        "--checkpoint",
+        str(checkpoint),
+        "--output-dir",
+        str(out),
+        "--num-tasks",
+        str(TASKS),
+        "--set",
+        "orchestrator.max_inflight_groups=2",
+    ]
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_eval_a_checkpoint_interrupt_and_resume(checkpoint, tmp_path):
+    out = tmp_path / "eval"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.Popen(
+        command(checkpoint, out), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while len(lines(out / "results.jsonl")) < 3 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)
+    stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 130, stderr[-3000:]
+    assert "Run the same command again to resume" in stderr
+    done = {(r["env"], r["task_idx"]) for r in lines(out / "results.jsonl")}
+    assert 3 <= len(done) < TASKS, len(done)
+    assert not (out / "metrics.json").exists()
+
+    second = subprocess.run(
+        [*command(checkpoint, out), "--no-progress"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming: {len(done)} tasks already in" in second.stderr
+    records = lines(out / "results.jsonl")
+    keys = [(r["env"], r["task_idx"]) for r in records]
+    # Every task once: the ones done before the interrupt were not run again.
+    assert sorted(keys) == [("reverse-text", i) for i in range(TASKS)]
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    assert summary == json.loads((out / "metrics.json").read_text())
+    assert summary["tasks"] == summary["rollouts"] == TASKS and summary["failed_groups"] == 0
+    rewards = [row["reward"] for r in records for row in r["rows"]]
+    assert summary["eval_reward"] == pytest.approx(sum(rewards) / len(rewards))
+    table = second.stdout.splitlines()
+    assert table[0].split() == ["metric", "value"]
+    assert any(line.split() == ["tasks", str(TASKS)] for line in table)
+    assert any(line.split()[0] == "eval_reward" for line in table)
+    assert json.loads((out / "eval_config.json").read_text())["model"] == str(checkpoint.resolve())
+    assert (out / "logs" / "inference.log").exists()
+
+
+def test_help_and_refusals(tmp_path):
+    def rlrun(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "rlrun.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+
+    shown = rlrun("eval", "--help")
+    assert shown.returncode == 0
+    for phrase in ("--checkpoint", "--endpoint", "results.jsonl", "resumes", "summary table"):
+        assert phrase in " ".join(shown.stdout.split()), phrase
+    both = rlrun("eval", str(CONFIG), "--checkpoint", "x", "--endpoint", "http://h/v1")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    (tmp_path / "empty").mkdir()
+    bad = rlrun(
+        "eval", str(CONFIG), "--checkpoint", str(tmp_path / "empty"), "--output-dir", str(tmp_path / "o")
+    )
+    assert bad.returncode == 2 and "neither a trainer checkpoint" in bad.stderr
