@@ -117,3 +117,42 @@ def test_help_and_refusals(tmp_path):
         "eval", str(CONFIG), "--checkpoint", str(tmp_path / "empty"), "--output-dir", str(tmp_path / "o")
     )
     assert bad.returncode == 2 and "neither a trainer checkpoint" in bad.stderr
+
+
+def test_eval_an_openai_compatible_endpoint(tmp_path):
+    """--endpoint: the debate's learner seat played by a real `rlrun serve inference --http-port 0`
+    through its OpenAI API (an openai-kind target); no inference service is started."""
+    import re
+
+    from rlrun.common.service import serve_command
+    from rlrun.local.processes import ProcessGroup
+
+    debate = REPO / "configs/debate.toml"
+    group = ProcessGroup(dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        argv = serve_command(
+            "inference", debate, tmp_path / "api", "--set", f"output_dir={json.dumps(str(tmp_path / 'api'))}"
+        )
+        child = group.start("api", [*argv, "--http-port", "0"], tmp_path / "api" / "inference.log")
+        deadline, url = time.monotonic() + 30, None
+        while url is None and time.monotonic() < deadline:
+            found = re.search(r"OpenAI-compatible HTTP on (http://\S+/v1)", child.stderr_file.read_text())
+            url = found.group(1) if found else time.sleep(0.2)
+        assert url, child.stderr_file.read_text()[-2000:]
+        out = tmp_path / "eval"
+        result = subprocess.run(
+            [sys.executable, "-m", "rlrun.cli", "eval", str(debate), "--endpoint", url]
+            + ["--output-dir", str(out), "--num-tasks", "8", "--no-progress"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        group.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["tasks"] == 8 and summary["failed_groups"] == 0 and "win_rate" in summary
+    assert not (out / "logs" / "inference.log").exists()
+    rows = [row for r in lines(out / "results.jsonl") for row in r["rows"]]
+    assert {row["member_id"] for row in rows} == {"debater_a", "debater_b", "judge"}
