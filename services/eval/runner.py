@@ -33,7 +33,7 @@ from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.service import serve_command
 from rlrun.common.types import GenerationPlan, TaskRef
 from rlrun.common.wire import plan_to_proto
-from rlrun.local.launcher import _child_env, _set, interrupts_raise
+from rlrun.local.launcher import child_env, interrupts_raise, set_option
 from rlrun.local.processes import ChildFailed, ProcessGroup
 from rlrun.orchestrator.connections import wait_for_env_server
 from rlrun.orchestrator.env_client import EnvClient
@@ -145,7 +145,7 @@ class EvalServices:
 
     def __init__(self, request: EvalRequest):
         self.request = request
-        self.group = ProcessGroup(_child_env())
+        self.group = ProcessGroup(child_env())
         self.log_dir = request.output_dir / "logs"
         self.inference: list[str] = []
         self.env_servers: dict[str, str] = {}
@@ -162,15 +162,15 @@ class EvalServices:
         sets: list[str] = []
         if request.checkpoint is not None:
             address = self._start(
-                "inference", "inference", *_set("model.path", str(model_dir(request.checkpoint)))
+                "inference", "inference", *set_option("model.path", str(model_dir(request.checkpoint)))
             )
             self.inference = [address]
-            sets += _set("inference.addresses", self.inference)
+            sets += set_option("inference.addresses", self.inference)
         for key, target in request.config.orchestrator.models.items():
             if target.kind == "inference" and not target.addresses:
-                model_sets = _set("model.path", target.checkpoint) if target.checkpoint else []
+                model_sets = set_option("model.path", target.checkpoint) if target.checkpoint else []
                 address = self._start(f"inference-{key}", "inference", *model_sets)
-                sets += _set(f"orchestrator.models.{key}.addresses", [address])
+                sets += set_option(f"orchestrator.models.{key}.addresses", [address])
         self.sets = [sets[i + 1] for i in range(0, len(sets), 2)]
         for env in request.config.orchestrator.train.env:
             if env.address:

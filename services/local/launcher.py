@@ -53,7 +53,8 @@ STOP_GRACE_S = 600.0
 """How long Ctrl-C waits for the current step and its checkpoint before stopping at once."""
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """The environment of every service the launcher starts: one thread each, unbuffered."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = "1"
@@ -62,7 +63,8 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _set(key: str, value) -> list[str]:
+def set_option(key: str, value) -> list[str]:
+    """`--set key=<value as JSON>` (JSON is valid TOML for strings, numbers and lists)."""
     return ["--set", f"{key}={json.dumps(value)}"]
 
 
@@ -121,7 +123,7 @@ class LocalRun:
         self.max_restarts = max_restarts
         self.run_dir = config.run_dir
         self.log_dir = self.run_dir / "logs"
-        self.group = ProcessGroup(_child_env())
+        self.group = ProcessGroup(child_env())
         self.metrics_ports: dict[str, int] = {}
         self.trainer_address = ""
         self.stopping = False
@@ -147,19 +149,19 @@ class LocalRun:
         """Starts every service in dependency order; returns the orchestrator's address."""
         cfg = self.config
         policy = self._start("inference", "inference", [])
-        sets = _set("inference.addresses", [policy.address])
+        sets = set_option("inference.addresses", [policy.address])
         for key, target in cfg.orchestrator.models.items():
             if target.kind == "inference" and not target.addresses:
-                model_sets = _set("model.path", target.checkpoint) if target.checkpoint else []
+                model_sets = set_option("model.path", target.checkpoint) if target.checkpoint else []
                 child = self._start(f"inference-{key}", "inference", model_sets)
-                sets += _set(f"orchestrator.models.{key}.addresses", [child.address])
+                sets += set_option(f"orchestrator.models.{key}.addresses", [child.address])
         entries = [("train", i, env) for i, env in enumerate(cfg.orchestrator.train.env)]
         entries += [("eval", i, env) for i, env in enumerate(cfg.orchestrator.eval.env)]
         for table, i, env in entries:
             if env.address:
                 continue
             child = self._start(f"env-server-{env.key}", "env-server", [], "--env", env.key)
-            sets += _set(f"orchestrator.{table}.env.{i}.address", child.address)
+            sets += set_option(f"orchestrator.{table}.env.{i}.address", child.address)
         # The trainer runs in a session, and so a CPU scheduling group (Linux' autogroups), of
         # its own; the services that generate share the launcher's. The kernel then splits the
         # CPU between training and generation first, not between their threads. In one group
@@ -171,7 +173,7 @@ class LocalRun:
         trainer = self._start("trainer", "trainer", sets, own_session=True)
         self._prioritise(trainer)
         self.trainer_address = trainer.address
-        sets += _set("trainer.address", trainer.address)
+        sets += set_option("trainer.address", trainer.address)
         orchestrator = self._start("orchestrator", "orchestrator", sets)
         self._write_targets()
         return orchestrator.address
@@ -232,7 +234,7 @@ class LocalRun:
         ):
             # A restarted replica asks the trainer for the live version and stays unready
             # until it holds it (its first start came before the trainer's).
-            argv += _set("trainer.address", self.trainer_address)
+            argv += set_option("trainer.address", self.trainer_address)
         self.group.restart(child, argv)
         if child.name == "trainer":
             self._prioritise(child)
