@@ -15,6 +15,7 @@ BUILTIN: dict[str, str] = {
     "arithmetic": "rlrun.env_server.envs.arithmetic:Arithmetic",
     "tool-calc": "rlrun.env_server.envs.tool_calc:ToolCalc",
     "debate": "rlrun.env_server.envs.debate:Debate",
+    "dataset": "rlrun.env_server.envs.dataset:DatasetEnv",
 }
 
 

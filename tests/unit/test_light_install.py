@@ -24,6 +24,9 @@ EXTRAS_ONLY = [
     "tensorboard",
     "vllm",
     "transformers",
+    "datasets",
+    "pyarrow",
+    "math_verify",
 ]
 
 BLOCK = f"""
@@ -57,3 +60,24 @@ def test_the_finder_does_refuse():
         [sys.executable, "-c", BLOCK + "import torch"], capture_output=True, text=True, cwd=REPO
     )
     assert result.returncode != 0 and "refused: an extra" in result.stderr
+
+
+def test_the_dataset_env_reads_local_files_without_the_datasets_extra(tmp_path):
+    """JSONL and CSV need nothing; Parquet, Hugging Face ids and the math scorer name the extra."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "q1", "answer": "a"}\n{"question": "q2", "answer": "b"}\n')
+    code = BLOCK + (
+        "from rlrun.env_server.envs.dataset import DatasetEnv\n"
+        f"env = DatasetEnv(path={str(data)!r}, eval_buckets=1000)\n"
+        "assert env.taskset.sizes['train'] + env.taskset.sizes['eval'] == 2\n"
+        "for kw in ({'scorer': 'math'}, {'path': None, 'hf_id': 'some/dataset'}):\n"
+        f"    args = {{'path': {str(data)!r}, **kw}}\n"
+        "    try:\n"
+        "        DatasetEnv(**args)\n"
+        "    except ValueError as error:\n"
+        '        assert "rlrun\'s `datasets` extra" in str(error), error\n'
+        "    else:\n"
+        "        raise AssertionError(kw)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]

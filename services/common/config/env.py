@@ -50,7 +50,8 @@ class HarnessConfig(Section):
 
 class EnvConfig(Section):
     id: str
-    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`) or
+    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`,
+    `dataset`: tasks from a data file or a Hugging Face dataset) or
     the import path `package.module:Class` of an Environment subclass. Required."""
 
     name: str | None = None

@@ -142,8 +142,9 @@ def test_tool_calc_scores_the_final_answer(tokenizer):
 
 
 def test_the_registry_knows_every_builtin_and_import_paths():
-    assert set(BUILTIN) == {"reverse-text", "alphabet-sort", "arithmetic", "tool-calc", "debate"}
-    for env_id in BUILTIN:
+    generated = {"reverse-text", "alphabet-sort", "arithmetic", "tool-calc", "debate"}
+    assert set(BUILTIN) == generated | {"dataset"}  # dataset: tests/unit/env_server/test_dataset_env.py
+    for env_id in generated:
         assert make_env(env_id, {}).taskset.sizes["eval"] == 256
     assert resolve("rlrun.env_server.envs.arithmetic:Arithmetic") is Arithmetic
     assert len(make_env("reverse-text", {"min_len": 3, "max_len": 3}).taskset.get("train", 0).prompt) == 3
