@@ -55,10 +55,11 @@ def _import(harness_id: str) -> Callable[..., Harness]:
         raise ValueError(f"harness {harness_id!r}: cannot import it: {error}") from None
     if not (isinstance(cls, type) and issubclass(cls, Harness)):
         raise ValueError(f"harness {harness_id!r} is not a Harness subclass")
+    cls_: Any = cls  # a concrete subclass, whose constructor takes the args
     takes_env = "env" in inspect.signature(cls).parameters
 
     def build(env: Environment, **args: Any) -> Harness:
-        return cls(env=env, **args) if takes_env else cls(**args)
+        return cls_(env=env, **args) if takes_env else cls_(**args)
 
     return build
 
