@@ -86,7 +86,12 @@ _SHARED_READS: tuple[ConfigPath, ...] = (("name",), ("output_dir",), ("log_level
 CONFIG_READS: dict[str, tuple[ConfigPath, ...]] = {
     INFERENCE: (*_SHARED_READS, ("inference",), ("trainer", "address")),
     MODEL_SERVER: (*_SHARED_READS, ("inference",), ("trainer", "address")),
-    ENV_SERVER: (*_SHARED_READS, ("orchestrator", "train"), ("orchestrator", "rollout_timeout_s")),
+    ENV_SERVER: (
+        *_SHARED_READS,
+        ("orchestrator", "train"),
+        ("orchestrator", "eval"),
+        ("orchestrator", "rollout_timeout_s"),
+    ),
     ORCHESTRATOR: (*_SHARED_READS, ("orchestrator",), ("monitor",), ("trainer", "address")),
     TRAINER: (
         *_SHARED_READS,
