@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP API over an engine: /v1/models, /v1/completions,
-/v1/chat/completions (with `stream: true` as server-sent events) and /health.
+/v1/chat/completions (with `stream: true` as server-sent events) and /health; and vLLM's
+token-in/token-out API, /inference/v1/generate, /tokenize and /detokenize (`tito`).
 
 Errors use OpenAI's JSON shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a
-bad request (the `param` names the field), 429 when the waiting queue is full.
+bad request (the `param` names the field; code `context_length_exceeded` when it does not fit
+the context), 404 `model_not_found` for a model not served here, 429 when the waiting queue is
+full.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from rlrun.inference.openai_protocol import (
     chat_body,
     chat_logprobs,
     chat_prompts,
+    check_context,
     completion_body,
     completion_logprobs,
     completion_prompts,
     error_body,
+    model_not_found,
     new_id,
     now,
     sampling_params,
@@ -46,8 +51,17 @@ from rlrun.inference.openai_protocol import (
     usage,
 )
 from rlrun.inference.structured import GrammarCompiler
+from rlrun.inference.text_path import TextPath
+from rlrun.inference.tito import (
+    DetokenizeRequest,
+    GenerateRequest,
+    ModelNotFound,
+    TokenizeRequest,
+    TokensServing,
+)
 from rlrun.inference.tool_calls import ToolCall, ToolCallStream, forced_tool_calls
 from rlrun.inference.validation import check_generate
+from rlrun.v1 import plan_pb2
 
 # Sampling fields are validated under this prefix, which OpenAI's `param` leaves out.
 _BODY = "body"
@@ -56,7 +70,8 @@ _BODY = "body"
 def _bad_request(error: RequestError) -> JSONResponse:
     param = error.field.removeprefix(f"{_BODY}.")
     message = str(error.message).replace(f"{_BODY}.", "")
-    return JSONResponse(error_body(message, param), status_code=400)
+    code = getattr(error, "code", None)
+    return JSONResponse(error_body(message, param, code=code), status_code=400)
 
 
 def _validation_message(error: dict, content_type: str) -> tuple[str, str | None]:
@@ -78,6 +93,18 @@ def _validation_message(error: dict, content_type: str) -> tuple[str, str | None
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).removeprefix(".") or None
     message = str(error.get("msg"))
     return (f"{param}: {message}" if param else message), param
+
+
+async def _tokens_answer(work: Awaitable[dict]) -> Response:
+    """A token-in/token-out answer, or its error in OpenAI's shape (as vLLM answers them)."""
+    try:
+        return JSONResponse(await work)
+    except RequestError as error:
+        return _bad_request(error)
+    except ModelNotFound as error:
+        return JSONResponse(model_not_found(error.model, error.served), status_code=404)
+    except QueueFullError as error:
+        return _queue_full(error)
 
 
 def _queue_full(error: QueueFullError) -> JSONResponse:
@@ -120,10 +147,22 @@ async def _disconnect(request: Request) -> None:
 
 
 def build_openai_app(  # noqa: C901 - the routes' closure; it splits into inference/openai/ (issue 31 item 3, not done yet)
-    engine: Engine, tokenizer: Tokenizer, model_id: str, is_ready: Callable[[], bool]
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model_id: str,
+    is_ready: Callable[[], bool],
+    text: TextPath | None = None,
 ) -> FastAPI:
+    """`text`: the gRPC text path the token-in/token-out routes share (one over `tokenizer`
+    when not given)."""
     app = FastAPI(title="rlrun inference", description="OpenAI-compatible API over the live policy.")
     grammars = GrammarCompiler(lambda: tokenizer)
+    if text is None:
+        info = plan_pb2.TokenizerInfo(
+            vocab_size=tokenizer.vocab_size, stop_token_ids=tokenizer.stop_token_ids
+        )
+        text = TextPath(tokenizer, info)
+    tokens = TokensServing(engine, text, model_id)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -158,8 +197,7 @@ def build_openai_app(  # noqa: C901 - the routes' closure; it splits into infere
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
         if model != model_id:
-            message = f"the model {model!r} is not served here; this server serves {model_id!r}"
-            return JSONResponse(error_body(message, "model", code="model_not_found"), status_code=404)
+            return JSONResponse(model_not_found(model, model_id), status_code=404)
         return model_card()
 
     def checked(body, build_prompts, max_tokens: int | None) -> list[tuple[list[int], SamplingParams]]:
@@ -177,6 +215,7 @@ def build_openai_app(  # noqa: C901 - the routes' closure; it splits into infere
         requests = []
         for field, prompt in build_prompts(body, tokenizer):
             params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens, schema)
+            check_context(prompt, params.max_tokens, engine.max_model_len, field, body.max_tokens_field())
             check_generate(
                 prompt,
                 params,
@@ -201,6 +240,8 @@ def build_openai_app(  # noqa: C901 - the routes' closure; it splits into infere
     async def respond(body, build_prompts, max_tokens: int | None, answer):
         """One generation endpoint: its prompts and checks, then `answer(body, requests,
         prompt_tokens)`: the stream or the whole body."""
+        if body.model is not None and body.model != model_id:
+            return JSONResponse(model_not_found(body.model, model_id), status_code=404)
         try:
             requests = checked(body, build_prompts, max_tokens)
         except RequestError as error:
@@ -276,6 +317,18 @@ def build_openai_app(  # noqa: C901 - the routes' closure; it splits into infere
         choices = [echo for echo in echoes for _ in range(body.n)]
         completions = [completion for result in per_prompt for completion in best_of_each(result, body.n)]
         return completion_body(body, tokenizer, model_id, prompt_tokens, completions, choices)
+
+    @app.post("/inference/v1/generate")
+    async def generate_tokens(body: GenerateRequest, request: Request):
+        return await _unless_the_client_leaves(request, _tokens_answer(tokens.generate(body)))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return await _tokens_answer(asyncio.to_thread(tokens.tokenize, body))
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return await _tokens_answer(asyncio.to_thread(tokens.detokenize, body))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -42,8 +42,13 @@ dropped (`check_fields`): OpenAI's fields this server does not implement (`suffi
 `audio`, ...) are accepted only at the value that changes nothing, fields that
 only label a request (`user`, `metadata`, ...) are accepted and ignored, and a field OpenAI
 does not know is refused, as OpenAI does. `top_k`, `min_p`, `stop_token_ids`,
-`repetition_penalty` and `min_tokens` are accepted as vLLM-style extensions. The `model` field is accepted
-and ignored: one model is served.
+`repetition_penalty` and `min_tokens` are accepted as vLLM-style extensions. One model is served: a
+`model` other than its id is a 404 with code `model_not_found`, as OpenAI answers it (an absent
+`model` means the one served).
+
+A prompt that leaves no room for a token, or whose `max_tokens` runs past the context, is a 400
+with code `context_length_exceeded` and OpenAI's wording ("This model's maximum context length
+is ..."), which clients such as litellm recognise.
 """
 
 from __future__ import annotations
@@ -175,6 +180,10 @@ class _SamplingFields(BaseModel):
         """The field that set `samples_per_prompt`."""
         return "n"
 
+    def max_tokens_field(self) -> str:
+        """The field that sets the completion's length."""
+        return "max_tokens"
+
 
 class CompletionRequest(_SamplingFields):
     unsupported = {"suffix": (None, "")}
@@ -292,6 +301,9 @@ class ChatCompletionRequest(_SamplingFields):
     answer is constrained to calls (of any tool offered, or of the named one)."""
     parallel_tool_calls: bool | None = None
     """False keeps only a choice's first call."""
+
+    def max_tokens_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
         """How the answers carry tool calls; a `tool_choice` this server cannot keep is a 400."""
@@ -780,6 +792,41 @@ def _offsets(tokens: Sequence[str], position: int) -> list[int]:
         offsets.append(position)
         position += len(token)
     return offsets
+
+
+class ContextLengthExceeded(RequestError):
+    """A prompt and completion that do not fit the context (code `context_length_exceeded`)."""
+
+    code = "context_length_exceeded"
+
+
+def check_context(
+    prompt: Sequence[int],
+    max_tokens: int,
+    max_model_len: int,
+    field: str,
+    max_tokens_field: str = "max_tokens",
+) -> None:
+    """OpenAI's context-overflow error for a prompt that leaves no room for a token (naming
+    `field`), or whose `max_tokens` runs past the context (naming `max_tokens_field`)."""
+    if len(prompt) < max_model_len and len(prompt) + max_tokens <= max_model_len:
+        return
+    where = "messages" if field == "messages" else "prompt"
+    raise ContextLengthExceeded(
+        field if len(prompt) >= max_model_len else max_tokens_field,
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{len(prompt) + max(max_tokens, 1)} tokens ({len(prompt)} in the {where}, {max(max_tokens, 1)} in the "
+        f"completion). Please reduce the length of the {where} or completion.",
+    )
+
+
+def model_not_found(model: str, served: str) -> dict:
+    """OpenAI's 404 body for a model this server does not serve."""
+    return error_body(
+        f"The model `{model}` does not exist or you do not have access to it. This server serves {served!r}.",
+        "model",
+        code="model_not_found",
+    )
 
 
 def error_body(

@@ -102,12 +102,11 @@ class InferenceService:
         self.engine.on_dead = self._engine_died
         await self.engine.start()
         tokenizer, info = load_with_info(self.config.model.tokenizer, self.config.model.path)
-        servicer = InferenceServicer(
-            self.engine, TextPath(tokenizer, info), self._on_weights_applied, self.not_ready
-        )
+        text = TextPath(tokenizer, info)
+        servicer = InferenceServicer(self.engine, text, self._on_weights_applied, self.not_ready)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if self.http_port is not None:
-            app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready)
+            app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready, text)
             self.http = HttpServer(app, self.host, self.http_port, **http_security(self.config.inference))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)

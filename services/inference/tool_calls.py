@@ -4,15 +4,26 @@ outside the call blocks is the message's content. Pure: no engine, no HTTP.
 A block whose body is not a JSON object with a string `name` and an object `arguments` (or
 that the sample never closes) is not a call: its text stays in the content, so nothing the
 model wrote is lost. The whole answer and the stream split a text the same way.
+
+A call's `arguments` is always valid JSON: the model's own text of the arguments object,
+kept as written when it parses as strict JSON. A value JSON cannot hold is refused, not
+re-written: `NaN`/`Infinity` literals, and numbers too large for a double (`1e999`, which
+Python reads as inf and would dump as `Infinity`); such a block is no call (its text stays
+the content), as is the text of a constrained answer (`forced_tool_calls`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from rlrun.common.hermes import CLOSE, OPEN
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,17 +46,90 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+class NotJson(ValueError):
+    """Text that is not strict JSON (RFC 8259): malformed, or holding a value JSON cannot."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NotJson(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJson(f"{text} does not fit a double")
+    return value
+
+
+_STRICT = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+_SPACE = " \t\n\r"
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in _SPACE:
+        at += 1
+    return at
+
+
+def _expect(text: str, at: int, char: str) -> int:
+    at = _skip(text, at)
+    if text[at : at + 1] != char:
+        raise NotJson(f"expected {char!r} at {at}")
+    return at + 1
+
+
+def _value(text: str, at: int) -> tuple[Any, int, int]:
+    """The strict JSON value at `at` (after whitespace), where its text starts and ends."""
+    start = _skip(text, at)
+    try:
+        value, end = _STRICT.raw_decode(text, start)
+    except json.JSONDecodeError as error:
+        raise NotJson(str(error)) from None
+    return value, start, end
+
+
+def _members(text: str, at: int) -> tuple[dict[str, tuple[Any, str]], int]:
+    """The JSON object at `at`: each member's value and its own text; and where it ends."""
+    at = _expect(text, at, "{")
+    members: dict[str, tuple[Any, str]] = {}
+    if text[_skip(text, at) : _skip(text, at) + 1] == "}":
+        return members, _skip(text, at) + 1
+    while True:
+        key, _, at = _value(text, at)
+        if not isinstance(key, str):
+            raise NotJson("an object's keys are strings")
+        at = _expect(text, at, ":")
+        value, start, at = _value(text, at)
+        members[key] = (value, text[start:at])
+        at = _skip(text, at)
+        if text[at : at + 1] == "}":
+            return members, at + 1
+        at = _expect(text, at, ",")
+
+
+def _whole(text: str, parse: Callable[[str, int], tuple[T, int]]) -> T:
+    """`parse` over the whole text (surrounding whitespace allowed)."""
+    value, end = parse(text, 0)
+    if _skip(text, end) != len(text):
+        raise NotJson("text after the JSON value")
+    return value
+
+
+def strict_json(text: str) -> Any:
+    """`text` as a strict JSON value (NotJson when it is none)."""
+    return _whole(text, lambda t, at: _value(t, at)[::2])
+
+
 def _call(body: str) -> ToolCall | None:
     try:
-        parsed = json.loads(body)
-    except json.JSONDecodeError:
+        members = _whole(body, _members)
+    except NotJson:
         return None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+    name = members.get("name", (None, ""))[0]
+    arguments, written = members.get("arguments", ({}, "{}"))
+    if not isinstance(name, str) or not isinstance(arguments, dict):
         return None
-    arguments = parsed.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(parsed["name"], json.dumps(arguments, ensure_ascii=False), new_call_id())
+    return ToolCall(name, written, new_call_id())
 
 
 def forced_tool_calls(text: str, name: str | None) -> tuple[str | None, list[ToolCall]]:
@@ -54,27 +138,41 @@ def forced_tool_calls(text: str, name: str | None) -> tuple[str | None, list[Too
     {"name", "parameters"} objects. Text that is no such JSON (cut short by max_tokens) stays
     the content, with no calls."""
     try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        return text, []
-    if name is not None:
-        items = [{"name": name, "parameters": parsed}]
-    elif isinstance(parsed, list):
-        items = parsed
-    else:
+        items = (
+            [{"name": (name, ""), "parameters": _whole(text, _written)}]
+            if name is not None
+            else _whole(text, _items)
+        )
+    except NotJson:
         return text, []
     calls = []
     for item in items:
-        if not (
-            isinstance(item, dict)
-            and isinstance(item.get("name"), str)
-            and isinstance(item.get("parameters"), dict)
-        ):
+        called = item.get("name", (None, ""))[0]
+        parameters, written = item.get("parameters", (None, ""))
+        if not (isinstance(called, str) and isinstance(parameters, dict)):
             return text, []
-        calls.append(
-            ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False), new_call_id())
-        )
+        calls.append(ToolCall(called, written, new_call_id()))
     return None, calls
+
+
+def _written(text: str, at: int) -> tuple[tuple[Any, str], int]:
+    value, start, end = _value(text, at)
+    return (value, text[start:end]), end
+
+
+def _items(text: str, at: int) -> tuple[list[dict[str, tuple[Any, str]]], int]:
+    """A JSON array of objects, each member with its own text."""
+    at = _expect(text, at, "[")
+    items: list[dict[str, tuple[Any, str]]] = []
+    if text[_skip(text, at) : _skip(text, at) + 1] == "]":
+        return items, _skip(text, at) + 1
+    while True:
+        members, at = _members(text, at)
+        items.append(members)
+        at = _skip(text, at)
+        if text[at : at + 1] == "]":
+            return items, at + 1
+        at = _expect(text, at, ",")
 
 
 class ToolCallStream:

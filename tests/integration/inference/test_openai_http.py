@@ -87,7 +87,7 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
 
 
 async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
-    [x] = load_tokenizer(REPO / "configs/tokenizer/lowercase.json").encode("x")
+    [x] = load_tokenizer(REPO / "configs/tokenizer/lowercase").encode("x")
     forced = {
         "max_tokens": 6,
         "temperature": 1.0,
@@ -134,7 +134,7 @@ async def test_min_p_one_draws_the_most_likely_token_only(client):
 
 
 async def test_min_tokens_holds_off_the_end_token_and_stop_sequences(client):
-    tokenizer = load_tokenizer(REPO / "configs/tokenizer/lowercase.json")
+    tokenizer = load_tokenizer(REPO / "configs/tokenizer/lowercase")
     [x] = tokenizer.encode("x")
     settings = {"model": "reverse_text", "prompt": "abc", "max_tokens": 8, "temperature": 1.0}
     ending = {str(tokenizer.eos_token_id): 100}
@@ -364,7 +364,7 @@ async def test_echo_scores_the_prompt_as_a_harness_asks(client, service):
     assert logprobs.tokens == ["a", "b", "c", "d"] and logprobs.token_logprobs[0] is None
     assert logprobs.top_logprobs[0] is None and all(len(top) == 1 for top in logprobs.top_logprobs[1:])
     # The prompt's logprobs are the model's own: what Score says of the same tokens.
-    tokenizer = load_tokenizer(str(REPO / "configs/tokenizer/lowercase.json"))
+    tokenizer = load_tokenizer(str(REPO / "configs/tokenizer/lowercase"))
     scored = await service.stub.Score(
         inference_pb2.ScoreRequest(token_ids=tokenizer.encode("abcd"), start=1, temperature=1.0)
     )
@@ -442,7 +442,9 @@ def assert_same_logprobs(streamed: dict, whole: dict) -> None:
 async def test_a_client_that_leaves_before_its_answer_frees_the_engine(service, path, body):
     await service.stub.Pause(inference_pb2.PauseRequest())  # nothing runs: requests wait
     async with httpx.AsyncClient() as http:
-        call = asyncio.create_task(http.post(f"{service.http_url}{path}", json={"model": "m", **body}))
+        call = asyncio.create_task(
+            http.post(f"{service.http_url}{path}", json={"model": "reverse_text", **body})
+        )
         await asyncio.wait_for(wait_for_status(service.stub, lambda s: s.waiting_requests > 0), 30)
         call.cancel()  # the connection closes
         with pytest.raises(asyncio.CancelledError):
@@ -512,12 +514,12 @@ async def test_a_request_whose_choices_all_stopped_leaves_the_engine(start_servi
     service = await start_service(
         "model.max_model_len=1000",
         f'model.config="{REPO / "configs/models/tiny-d64.json"}"',
-        f'model.tokenizer="{REPO / "configs/tokenizer/char.json"}"',
+        f'model.tokenizer="{REPO / "configs/tokenizer/char"}"',
     )
     async with openai.AsyncOpenAI(
         base_url=f"{service.http_url}/v1", api_key="unused", max_retries=0
     ) as client:
-        greedy = {"model": "m", "prompt": "ab", "temperature": 0.0}
+        greedy = {"model": "reverse_text", "prompt": "ab", "temperature": 0.0}
         plain = (await client.completions.create(max_tokens=12, **greedy)).choices[0].text
         aborted = metrics.COMPLETIONS.labels("abort")._value.get()
         reply = await client.completions.create(max_tokens=900, stop=plain[4:7], stream=stream, **greedy)
@@ -528,3 +530,53 @@ async def test_a_request_whose_choices_all_stopped_leaves_the_engine(start_servi
     assert text == plain[: plain.find(plain[4:7])]
     await asyncio.wait_for(wait_for_status(service.stub, lambda s: s.running_requests == 0), 30)
     assert metrics.COMPLETIONS.labels("abort")._value.get() == aborted + 1
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+async def test_a_model_not_served_here_is_not_found_in_openais_shape(client, kind):
+    if kind == "chat":
+        request = client.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+    else:
+        request = client.completions.create(model="gpt-4o", prompt="abc", max_tokens=2)
+    with pytest.raises(openai.NotFoundError) as caught:
+        await request
+    assert caught.value.status_code == 404
+    assert caught.value.body["code"] == "model_not_found"
+    assert caught.value.body["param"] == "model"
+    assert caught.value.body["type"] == "invalid_request_error"
+    assert "gpt-4o" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings", "param", "requested"),
+    [
+        ("chat", {"messages": [{"role": "user", "content": "a" * 40}]}, "messages", 44),
+        ("chat", {"messages": MESSAGES, "max_tokens": 30}, "max_tokens", 36),
+        ("chat", {"messages": MESSAGES, "max_completion_tokens": 30}, "max_completion_tokens", 36),
+        ("completion", {"prompt": "a" * 32}, "prompt", 48),  # max_tokens defaults to 16
+        ("completion", {"prompt": ["ab", "a" * 20], "max_tokens": 20}, "max_tokens", 40),
+    ],
+)
+async def test_a_request_past_the_context_is_context_length_exceeded(
+    client, kind, settings, param, requested
+):
+    """As OpenAI answers it (code and wording), which litellm and others recognise."""
+    create = client.chat.completions.create if kind == "chat" else client.completions.create
+    with pytest.raises(openai.BadRequestError) as caught:
+        await create(model="reverse_text", **settings)
+    body = caught.value.body
+    assert (body["code"], body["param"], body["type"]) == (
+        "context_length_exceeded",
+        param,
+        "invalid_request_error",
+    )
+    assert body["message"].startswith(
+        f"This model's maximum context length is 32 tokens. However, you requested {requested} tokens"
+    ), body["message"]
+
+
+async def test_a_request_that_fits_the_context_exactly_is_answered(client):
+    reply = await client.completions.create(
+        model="reverse_text", prompt="a" * 28, max_tokens=4, temperature=0.0
+    )
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= 32

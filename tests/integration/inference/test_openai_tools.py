@@ -154,3 +154,92 @@ async def test_tool_choices_an_engine_cannot_keep_are_refused(client):
         model="scripted", messages=MESSAGES, tools=TOOLS, tool_choice="none"
     )
     assert plain.choices[0].message.content == ANSWER and plain.choices[0].message.tool_calls is None
+
+
+def strict_json(text: str):
+    """json.loads that refuses what JSON cannot hold (NaN, Infinity: Python's extensions)."""
+
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+async def answered(client, engine, answer: str, stream: bool = False, **settings):
+    """The message (content, tool_calls as dicts) of a chat whose model writes `answer`; streamed
+    deltas are joined."""
+    engine.answer = TOKENIZER.encode(answer)
+    reply = await client.chat.completions.create(
+        model="scripted", messages=MESSAGES, tools=TOOLS, stream=stream, **settings
+    )
+    if not stream:
+        message = reply.choices[0].message
+        calls = [call.model_dump() for call in message.tool_calls or ()]
+        return message.content, calls, reply.choices[0].finish_reason
+    content, calls, reason = "", [], None
+    async for chunk in reply:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            calls += [call.model_dump(exclude_none=True) for call in choice.delta.tool_calls or ()]
+            reason = choice.finish_reason or reason
+    return content or None, calls, reason
+
+
+class ConstrainingEngine(ScriptedEngine):
+    """Claims to constrain its output, as the torch engine does, but writes its script: the
+    constraint lets through numbers JSON cannot hold (a grammar's number may have any
+    exponent), which is what the HTTP layer must catch."""
+
+    structured_outputs = True
+
+
+@pytest.fixture
+async def constrained():
+    engine = ConstrainingEngine()
+    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
+    async with (
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://scripted") as http,
+        openai.AsyncOpenAI(
+            base_url="http://scripted/v1", api_key="unused", http_client=http, max_retries=0
+        ) as client,
+    ):
+        yield client, engine
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_forced_calls_keep_the_models_own_json_and_refuse_what_json_cannot_hold(constrained, stream):
+    client, engine = constrained
+    written = '{"city": "Paris", "days": 1.50e2, "note": "\\u00e9t\\u00e9"}'
+    for tool_choice, answer in [
+        ("required", f'[{{"name": "get_weather", "parameters": {written}}}]'),
+        ({"type": "function", "function": {"name": "get_weather"}}, written),
+    ]:
+        content, calls, reason = await answered(client, engine, answer, stream, tool_choice=tool_choice)
+        assert (content, reason) == (None, "tool_calls")
+        [call] = calls
+        # The model's own text, byte for byte (not re-dumped: 1.50e2 stays, escapes stay).
+        assert call["function"] == {"name": "get_weather", "arguments": written}
+        assert strict_json(call["function"]["arguments"])["days"] == 150.0
+    for huge in ("1e999", "-2.5E+400", "NaN", "Infinity"):
+        bad = f'{{"city": "Paris", "days": {huge}}}'
+        for tool_choice, answer in [
+            ("required", f'[{{"name": "get_weather", "parameters": {bad}}}]'),
+            ({"type": "function", "function": {"name": "get_weather"}}, bad),
+        ]:
+            content, calls, reason = await answered(client, engine, answer, stream, tool_choice=tool_choice)
+            # No call with arguments that are not JSON: the text stays the content.
+            assert (content, calls, reason) == (answer, [], "stop"), huge
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parsed_calls_keep_the_models_own_json_and_refuse_what_json_cannot_hold(client, engine, stream):
+    kept = '{"city": "Paris", "days": 1.5e2}'
+    refused = '<tool_call>\n{"name": "get_time", "arguments": {"offset": 1e999}}\n</tool_call>'
+    answer = f'<tool_call>\n{{"name": "get_weather", "arguments": {kept}}}\n</tool_call>\n{refused}'
+    content, calls, reason = await answered(client, engine, answer, stream)
+    assert [call["function"] for call in calls] == [{"name": "get_weather", "arguments": kept}]
+    # The refused block stays in the content, as the model wrote it (the line break before it
+    # is the content's: only whitespace a call follows is the format's).
+    assert content == f"\n{refused}" and reason == "tool_calls"
+    for call in calls:
+        strict_json(call["function"]["arguments"])

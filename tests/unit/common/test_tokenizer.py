@@ -146,6 +146,7 @@ def test_transformers_loads_the_folder_with_rlruns_specials(name):
     assert (hf.eos_token_id, hf.pad_token_id) == (ours.eos_token_id, ours.pad_token_id)
     assert [hf.convert_ids_to_tokens(i) for i in range(ours.vocab_size)] == ours.id_to_token
     assert set(hf.all_special_tokens) == set(SPECIALS)
+    assert ours.encode("\u00e9") == ours.encode("?") == [{"char": 37, "lowercase": 32}[name]]  # unknown: "?"
 
 
 @pytest.mark.parametrize("name", sorted(FOLDERS))
