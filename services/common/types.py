@@ -468,6 +468,8 @@ class ModelEndpoint:
     """kind openai: retries of a 429, a 5xx or a connection error."""
     timeout_s: float = 0.0
     """kind openai: deadline of one call (0: 60 s)."""
+    http_addresses: list[str] = field(default_factory=list)
+    """kind inference: the replicas' HTTP base URLs (`http://host:port`), where known."""
 
 
 @dataclass

@@ -19,8 +19,17 @@ BUILTIN: dict[str, str] = {
 }
 
 
+VERIFIERS = "vf:"
+"""`vf:<name>`: the verifiers v1 environment whose taskset id is <name> (verifiers_env.py)."""
+
+
 def resolve(env_id: str) -> type[Environment]:
-    """The Environment class of a built-in id or an import path; ValueError when there is none."""
+    """The Environment class of a built-in id, a verifiers env or an import path; ValueError
+    when there is none."""
+    if env_id.startswith(VERIFIERS):
+        from rlrun.env_server.verifiers_env import VerifiersEnv
+
+        return VerifiersEnv
     path = BUILTIN.get(env_id, env_id)
     module_name, sep, attr = path.partition(":")
     if not sep:
@@ -41,6 +50,8 @@ def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None =
     """Builds the environment with the entry's `args` as keyword arguments; with `harness`
     (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
     cls = resolve(env_id)
+    if env_id.startswith(VERIFIERS):
+        args = {"env_name": env_id.removeprefix(VERIFIERS), **args}
     try:
         env = cls(**args)
     except TypeError as error:

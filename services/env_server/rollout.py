@@ -13,6 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 from rlrun.common.tokenizer import Tokenizer
 from rlrun.common.types import GenerationPlan, PlanTarget, TaskRef, Trace, TraceError
@@ -58,6 +59,9 @@ class Runtime:
     max_model_len: int
     openai: OpenAIClients = field(default_factory=OpenAIClients)
     """Clients of the plan's openai-kind targets, one per endpoint (each with its concurrency cap)."""
+    tokenizer_path: Path | None = None
+    """The folder `tokenizer` was loaded from (model.tokenizer, else the checkpoint's), for envs
+    that load it themselves (a verifiers env's renderer)."""
 
 
 def task_ref(env_key: str, task: Task) -> TaskRef:
@@ -236,7 +240,14 @@ async def run_rollouts(
 ) -> list[Trace]:
     """Runs the job's rollouts through the env's harness (as one group), scores them and
     returns the validated traces in the order of `job.rollout_ids` (a multi-agent rollout's
-    traces in the order of the env's members)."""
+    traces in the order of the env's members). An env with rollout machinery of its own (a
+    verifiers env) has a `run_job` that runs the job instead, or returns None to leave it
+    to the harness."""
+    run_job = getattr(env, "run_job", None)
+    if run_job is not None:
+        own = await run_job(job, runtime, timeout_s, cancelled)
+        if own is not None:
+            return own
     started = time.perf_counter()
     try:
         episodes = start_episodes(env, job, runtime)

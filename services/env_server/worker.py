@@ -127,7 +127,9 @@ async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
     client = InferenceClient(spec.client_options, spec.unavailable_retry_s)
     worker = _Worker(
         make_env(spec.env_id, spec.env_args, spec.harness),
-        Runtime(tokenizer, client, spec.max_model_len),
+        Runtime(
+            tokenizer, client, spec.max_model_len, tokenizer_path=spec.tokenizer_path or spec.checkpoint_dir
+        ),
         writer,
     )
     send_message(writer, ("ready",))

@@ -148,8 +148,11 @@ class LocalRun:
     def start_services(self) -> str:
         """Starts every service in dependency order; returns the orchestrator's address."""
         cfg = self.config
-        policy = self._start("inference", "inference", [])
+        http = self._policy_http_port()
+        policy = self._start("inference", "inference", [], *(["--http-port", str(http)] if http else []))
         sets = set_option("inference.addresses", [policy.address])
+        if http:
+            sets += set_option("inference.http_addresses", [f"http://127.0.0.1:{http}"])
         for key, target in cfg.orchestrator.models.items():
             if target.kind == "inference" and not target.addresses:
                 model_sets = set_option("model.path", target.checkpoint) if target.checkpoint else []
@@ -177,6 +180,18 @@ class LocalRun:
         orchestrator = self._start("orchestrator", "orchestrator", sets)
         self._write_targets()
         return orchestrator.address
+
+    def _policy_http_port(self) -> int | None:
+        """The policy replica's HTTP port when an env generates over HTTP (a verifiers env,
+        `vf:<name>`, whose train client calls /inference/v1/generate) and no address is given:
+        `inference.http_port`, or a free one; None otherwise."""
+        cfg = self.config
+        envs = [*cfg.orchestrator.train.env, *cfg.orchestrator.eval.env]
+        if cfg.inference.http_addresses or not any(
+            env.id.startswith("vf:") and not env.address for env in envs
+        ):
+            return None
+        return cfg.inference.http_port or _free_port()
 
     @staticmethod
     def _prioritise(trainer: Child) -> None:

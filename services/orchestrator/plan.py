@@ -43,7 +43,12 @@ def model_endpoint(key: str, config: RunConfig) -> ModelEndpoint:
     if key == POLICY:
         if not config.inference.addresses:
             raise ConfigError("inference.addresses", "no replica of the live policy is configured")
-        return ModelEndpoint(POLICY, "inference", list(config.inference.addresses))
+        return ModelEndpoint(
+            POLICY,
+            "inference",
+            list(config.inference.addresses),
+            http_addresses=list(config.inference.http_addresses),
+        )
     target = config.orchestrator.models.get(key)
     if target is None:
         if key == ORACLE:

@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from rlrun.v1 import sampling_pb2 as rlrun_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rlrun/v1/plan.proto\x12\x08rlrun.v1\x1a\x17rlrun/v1/sampling.proto\"\xcd\x01\n\rModelEndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.rlrun.v1.EndpointKind\x12\x11\n\taddresses\x18\x03 \x03(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x06 \x01(\t\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\x05\x12\x13\n\x0bmax_retries\x18\x08 \x01(\x05\x12\x11\n\ttimeout_s\x18\t \x01(\x02\"\x97\x01\n\nPlanTarget\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\"\n\x04role\x18\x02 \x01(\x0e\x32\x14.rlrun.v1.MemberRole\x12&\n\x05model\x18\x03 \x01(\x0b\x32\x17.rlrun.v1.ModelEndpoint\x12*\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.rlrun.v1.SamplingParams\"Y\n\rTokenizerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\"{\n\x0eGenerationPlan\x12%\n\x07targets\x18\x01 \x03(\x0b\x32\x14.rlrun.v1.PlanTarget\x12*\n\ttokenizer\x18\x02 \x01(\x0b\x32\x17.rlrun.v1.TokenizerInfo\x12\x16\n\x0etext_addresses\x18\x03 \x03(\t*W\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MEMBER_ROLE_TRAIN\x10\x01\x12\x15\n\x11MEMBER_ROLE_FIXED\x10\x02*|\n\x0c\x45ndpointKind\x12\x1d\n\x19\x45NDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45NDPOINT_KIND_INFERENCE\x10\x01\x12\x16\n\x12\x45NDPOINT_KIND_RULE\x10\x02\x12\x18\n\x14\x45NDPOINT_KIND_OPENAI\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rlrun/v1/plan.proto\x12\x08rlrun.v1\x1a\x17rlrun/v1/sampling.proto\"\xe5\x01\n\rModelEndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.rlrun.v1.EndpointKind\x12\x11\n\taddresses\x18\x03 \x03(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x06 \x01(\t\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\x05\x12\x13\n\x0bmax_retries\x18\x08 \x01(\x05\x12\x11\n\ttimeout_s\x18\t \x01(\x02\x12\x16\n\x0ehttp_addresses\x18\n \x03(\t\"\x97\x01\n\nPlanTarget\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\"\n\x04role\x18\x02 \x01(\x0e\x32\x14.rlrun.v1.MemberRole\x12&\n\x05model\x18\x03 \x01(\x0b\x32\x17.rlrun.v1.ModelEndpoint\x12*\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.rlrun.v1.SamplingParams\"Y\n\rTokenizerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\"{\n\x0eGenerationPlan\x12%\n\x07targets\x18\x01 \x03(\x0b\x32\x14.rlrun.v1.PlanTarget\x12*\n\ttokenizer\x18\x02 \x01(\x0b\x32\x17.rlrun.v1.TokenizerInfo\x12\x16\n\x0etext_addresses\x18\x03 \x03(\t*W\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MEMBER_ROLE_TRAIN\x10\x01\x12\x15\n\x11MEMBER_ROLE_FIXED\x10\x02*|\n\x0c\x45ndpointKind\x12\x1d\n\x19\x45NDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45NDPOINT_KIND_INFERENCE\x10\x01\x12\x16\n\x12\x45NDPOINT_KIND_RULE\x10\x02\x12\x18\n\x14\x45NDPOINT_KIND_OPENAI\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlrun.v1.plan_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERROLE']._serialized_start=636
-  _globals['_MEMBERROLE']._serialized_end=723
-  _globals['_ENDPOINTKIND']._serialized_start=725
-  _globals['_ENDPOINTKIND']._serialized_end=849
+  _globals['_MEMBERROLE']._serialized_start=660
+  _globals['_MEMBERROLE']._serialized_end=747
+  _globals['_ENDPOINTKIND']._serialized_start=749
+  _globals['_ENDPOINTKIND']._serialized_end=873
   _globals['_MODELENDPOINT']._serialized_start=59
-  _globals['_MODELENDPOINT']._serialized_end=264
-  _globals['_PLANTARGET']._serialized_start=267
-  _globals['_PLANTARGET']._serialized_end=418
-  _globals['_TOKENIZERINFO']._serialized_start=420
-  _globals['_TOKENIZERINFO']._serialized_end=509
-  _globals['_GENERATIONPLAN']._serialized_start=511
-  _globals['_GENERATIONPLAN']._serialized_end=634
+  _globals['_MODELENDPOINT']._serialized_end=288
+  _globals['_PLANTARGET']._serialized_start=291
+  _globals['_PLANTARGET']._serialized_end=442
+  _globals['_TOKENIZERINFO']._serialized_start=444
+  _globals['_TOKENIZERINFO']._serialized_end=533
+  _globals['_GENERATIONPLAN']._serialized_start=535
+  _globals['_GENERATIONPLAN']._serialized_end=658
 # @@protoc_insertion_point(module_scope)

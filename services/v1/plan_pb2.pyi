@@ -29,7 +29,7 @@ ENDPOINT_KIND_RULE: EndpointKind
 ENDPOINT_KIND_OPENAI: EndpointKind
 
 class ModelEndpoint(_message.Message):
-    __slots__ = ("name", "kind", "addresses", "base_url", "model", "api_key_env", "max_concurrency", "max_retries", "timeout_s")
+    __slots__ = ("name", "kind", "addresses", "base_url", "model", "api_key_env", "max_concurrency", "max_retries", "timeout_s", "http_addresses")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class ModelEndpoint(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: EndpointKind
     addresses: _containers.RepeatedScalarFieldContainer[str]
@@ -48,7 +49,8 @@ class ModelEndpoint(_message.Message):
     max_concurrency: int
     max_retries: int
     timeout_s: float
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., base_url: _Optional[str] = ..., model: _Optional[str] = ..., api_key_env: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., max_retries: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    http_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., base_url: _Optional[str] = ..., model: _Optional[str] = ..., api_key_env: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., max_retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., http_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlanTarget(_message.Message):
     __slots__ = ("member_id", "role", "model", "sampling")

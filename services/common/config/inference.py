@@ -38,6 +38,11 @@ class InferenceConfig(Section):
     """gRPC host:port of every replica serving the live policy. Filled in by `rlrun local` and
     the operator; set it only to use replicas started by hand. Default: empty."""
 
+    http_addresses: list[str] = []
+    """HTTP base URL (`http://host:port`) of each replica in `addresses` that serves the HTTP
+    API, in the same order; the plans hand them to env-servers (a verifiers env generates over
+    HTTP). Filled in by `rlrun local` when an env needs it. Default: empty."""
+
     max_batch_size: int = Field(32, ge=1)
     """Most sequences decoded together (continuous batching); more requests wait. Default: 32."""
 
