@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.common.config import ConfigError
-from rlrun.operator import objects
+from rlrun.operator import kueue, objects
 from rlrun.operator.auth import new_key, run_credentials
 from rlrun.operator.config import (
     API_KEY_KEY,
@@ -47,7 +47,7 @@ from rlrun.operator.spec import (
 from rlrun.operator.strategic import strategic_merge
 
 GPU = "nvidia.com/gpu"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_QUEUE_LABEL = kueue.QUEUE_LABEL
 RUN_LABEL = "rlrun.dev/run"
 ENV_SERVER_LABEL = "rlrun.dev/env-server"
 MODEL_LABEL = "rlrun.dev/model"
@@ -92,7 +92,13 @@ CONFIG_READS: dict[str, tuple[ConfigPath, ...]] = {
         ("orchestrator", "eval"),
         ("orchestrator", "rollout_timeout_s"),
     ),
-    ORCHESTRATOR: (*_SHARED_READS, ("orchestrator",), ("monitor",), ("trainer", "address")),
+    ORCHESTRATOR: (
+        *_SHARED_READS,
+        ("orchestrator",),
+        ("monitor",),
+        ("trainer", "address"),
+        ("inference", "http_addresses"),
+    ),
     TRAINER: (
         *_SHARED_READS,
         ("trainer",),
@@ -278,18 +284,15 @@ class RunBuilder:
             **(extra or {}),
         }
 
-    def labels(
-        self, component: str, extra: dict[str, str] | None = None, workload: bool = False
-    ) -> dict[str, str]:
-        labels = {
+    def labels(self, component: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Labels of every object of `component` (Kueue's go on pod templates only: see
+        rlrun.operator.kueue)."""
+        return {
             **self.selector(component, extra),
             "app.kubernetes.io/part-of": "rlrun",
             "app.kubernetes.io/managed-by": MANAGED_BY,
             RUN_LABEL: self.cluster.name,
         }
-        if workload and self.spec.queue_name:
-            labels[KUEUE_QUEUE_LABEL] = self.spec.queue_name
-        return labels
 
     def metadata(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
         return objects.object_meta(name, self.cluster.namespace, labels, self.owner)

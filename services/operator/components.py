@@ -97,7 +97,7 @@ def inference(b: RunBuilder, state: DesiredState, with_workloads: bool) -> None:
     if spec.http_port is not None:
         args += ["--http-port", str(spec.http_port)]
         ports.append({"name": "http", "containerPort": spec.http_port, "protocol": "TCP"})
-    labels = b.labels(INFERENCE, workload=True)
+    labels = b.labels(INFERENCE)
     template = b.pod_template(
         PodInput(
             component=INFERENCE,
@@ -140,7 +140,7 @@ def model_servers(b: RunBuilder, state: DesiredState, with_workloads: bool) -> N
         args = b.serve_args("inference")
         if plan.checkpoint:
             args += ["--set", f"model.path={json.dumps(plan.checkpoint)}"]
-        labels = b.labels(MODEL_SERVER, extra, workload=True)
+        labels = b.labels(MODEL_SERVER, extra)
         template = b.pod_template(
             PodInput(
                 component=MODEL_SERVER,
@@ -173,7 +173,7 @@ def env_servers(b: RunBuilder, state: DesiredState, with_workloads: bool) -> Non
         args = b.serve_args("env-server")
         for env in plan.envs:
             args += ["--env", env]
-        labels = b.labels(ENV_SERVER, extra, workload=True)
+        labels = b.labels(ENV_SERVER, extra)
         template = b.pod_template(
             PodInput(
                 component=ENV_SERVER,
@@ -203,7 +203,7 @@ def orchestrator(b: RunBuilder, state: DesiredState, with_workloads: bool) -> No
         return
     storage = b.spec.storage
     shared = storage is not None and "ReadWriteMany" in storage.access_modes
-    labels = b.labels(ORCHESTRATOR, workload=True)
+    labels = b.labels(ORCHESTRATOR)
     template = b.pod_template(
         PodInput(
             component=ORCHESTRATOR,
@@ -290,7 +290,7 @@ def trainer(b: RunBuilder, state: DesiredState, with_workloads: bool) -> None:
                 "successThreshold": 1,
             }
         }
-    labels = b.labels(TRAINER, workload=True)
+    labels = b.labels(TRAINER)
     template = b.pod_template(
         PodInput(
             component=TRAINER,

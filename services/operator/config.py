@@ -4,7 +4,8 @@ The user's TOML (`spec.config`) or structured config (`spec.configSpec`) is vali
 same pydantic model the services use. The operator then fills in the cluster addresses
 (`inference.addresses`, `trainer.address`, `orchestrator.address`, each env's `address`), the
 output folder on the checkpoint volume, GPU devices, TLS/token file paths and the spec's
-overrides, validates again and renders TOML with `tomli_w`. Keys the user did not write stay
+overrides, validates again and renders TOML with `tomli_w`. The algorithm ids and their
+`algorithm_args` are checked as `rlrun check-config` does (rlrun.checks.check_algorithms). Keys the user did not write stay
 unwritten, so the ConfigMap reads like the user's file.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import tomli_w
 
+from rlrun.checks import check_algorithms
 from rlrun.common.config import ConfigError, RunConfig, resolve_config, translate_deprecated
 from rlrun.operator.spec import RLRunSpec
 
@@ -180,6 +182,18 @@ def plan_env_servers(spec: RLRunSpec, config: RunConfig) -> tuple[dict[str, str]
     return external, managed
 
 
+def _check_algorithms(config: RunConfig, where: str) -> None:
+    """The algorithm ids the run uses and their `algorithm_args`, as `rlrun check-config` checks
+    them (rlrun.checks.check_algorithms): a typo in an argument, or a table for an algorithm the
+    run does not use, fails the RLRun at once naming the key, instead of failing the
+    orchestrator pod at start. Ids no builtin algorithm has may be an env's own: the env-server
+    checks those when the run starts."""
+    try:
+        check_algorithms(config.orchestrator)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error.path}", error.message) from None
+
+
 def _refuse_hub_id(config: RunConfig, where: str) -> None:
     """One meaning of a Hub model in the cluster: spec.model.huggingFace downloads it once per
     run into a volume every pod that loads it mounts (the light images carry no huggingface_hub,
@@ -200,6 +214,7 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
     if not isinstance(raw, dict):
         raise ConfigError(where, "must be a table")
     config, warnings = _validate(raw, where)
+    _check_algorithms(config, where)
     translate_deprecated(raw)  # canonical spellings from here on (warnings already collected)
 
     external, managed = plan_env_servers(spec, config)

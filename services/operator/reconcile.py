@@ -24,6 +24,9 @@ Each pod template carries the hash of the parts of the run file its component re
 (`CONFIG_READS`), so a change elsewhere (scaling inference rewrites `inference.addresses`)
 does not restart it.
 
+With `spec.queueName`, every pod of the run is one Kueue pod group, admitted all or nothing
+(rlrun.operator.kueue).
+
 Every object carries the owner reference to the RLRun and `app.kubernetes.io/*` labels. With
 `suspend: true`, or once the run has finished, the workloads are left out (their pods go away),
 while the PVC, ConfigMap and Services stay.
@@ -73,6 +76,7 @@ from rlrun.operator.builder import (
 )
 from rlrun.operator.components import COMPONENTS
 from rlrun.operator.config import Cluster, render_config
+from rlrun.operator.kueue import admit_as_gang
 from rlrun.operator.spec import DNS_LABEL, MAX_RUN_NAME, SpecError, parse_spec
 
 __all__ = [
@@ -105,6 +109,7 @@ __all__ = [
     "content_hash",
     "desired_state",
     "object_key",
+    "pod_group_name",
 ]
 
 
@@ -142,4 +147,11 @@ def desired_state(
     state.objects.append(builder.config_map())
     for component in COMPONENTS:
         component(builder, state, with_workloads)
+    if spec.queue_name and with_workloads:
+        admit_as_gang(state.objects, spec.queue_name, pod_group_name(builder.cluster))
     return state
+
+
+def pod_group_name(cluster: Cluster) -> str:
+    """The run's Kueue pod group, and the name of the Workload Kueue makes for it."""
+    return cluster.child("group")

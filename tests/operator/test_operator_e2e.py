@@ -270,6 +270,24 @@ async def test_invalid_config_creates_no_pods(k8s, kube, run_operator, orchestra
     assert conditions(run)["ConfigValid"] == "True"
 
 
+async def test_an_algorithm_args_typo_fails_the_run_naming_the_key(
+    k8s, kube, run_operator, orchestrator_stub, eventually
+):
+    """The operator checks algorithm ids and algorithm_args as `rlrun check-config` does: a typo
+    fails the run at once, in the status, before any pod starts."""
+    await run_operator(status_interval_s=0.2, status_address=f"127.0.0.1:{orchestrator_stub.port}")
+    bad = copy.deepcopy(SAMPLE)
+    bad["spec"]["config"] += "\n[orchestrator.algorithm_args.grpo]\nclip_epsilon_hgih = 0.3\n"
+    await call(kube.create, bad)
+    run = await eventually(phase_is(k8s, "Failed"), message="phase Failed")
+    valid = next(c for c in run["status"]["conditions"] if c["type"] == "ConfigValid")
+    assert valid["status"] == "False" and valid["reason"] == "InvalidConfig"
+    assert "spec.config: orchestrator.algorithm_args.grpo: clip_epsilon_hgih" in valid["message"]
+    await asyncio.sleep(0.5)
+    assert await call(present, kube) == set()
+    assert orchestrator_stub.calls == 0
+
+
 async def test_drift_is_repaired_and_finished_runs_expire(
     k8s, kube, run_operator, orchestrator_stub, eventually
 ):
@@ -409,8 +427,9 @@ async def test_scaling_inference_leaves_trainer_and_orchestrator_running_and_res
 async def test_fields_removed_from_the_run_leave_its_workloads(
     k8s, kube, run_operator, orchestrator_stub, eventually
 ):
-    """Server-side apply: a nodeSelector, a priorityClassName and the Kueue queue label taken
-    out of the RLRun are taken out of every workload too (a merge patch would leave them)."""
+    """Server-side apply: a nodeSelector, a priorityClassName and the Kueue queue (the queue
+    label and the pod-group keys on every pod template) taken out of the RLRun are taken out of
+    every workload too (a merge patch would leave them)."""
     await run_operator(
         status_interval_s=0.2, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
     )
@@ -428,10 +447,16 @@ async def test_fields_removed_from_the_run_leave_its_workloads(
 
     def placed(obj):
         pod = obj["spec"]["template"]["spec"]
+        meta = obj["spec"]["template"]["metadata"]
+        # The workload object itself never carries the queue label (one Kueue group per run).
+        assert "kueue.x-k8s.io/queue-name" not in obj["metadata"]["labels"]
         return (
             pod.get("nodeSelector"),
             pod.get("priorityClassName"),
-            obj["metadata"]["labels"].get("kueue.x-k8s.io/queue-name"),
+            meta["labels"].get("kueue.x-k8s.io/queue-name"),
+            meta["labels"].get("kueue.x-k8s.io/pod-group-name"),
+            meta["annotations"].get("kueue.x-k8s.io/pod-group-total-count"),
+            meta["annotations"].get("kueue.x-k8s.io/pod-group-serving"),
         )
 
     def all_placed(expected):
@@ -441,7 +466,9 @@ async def test_fields_removed_from_the_run_leave_its_workloads(
 
         return check
 
-    await eventually(all_placed(({"pool": "gpu-a"}, "research-high", "team-a")), message="placed")
+    total = str(sum(obj["spec"]["replicas"] for obj in await eventually(workloads, message="workloads")))
+    gang = ("team-a", f"{NAME}-group", total, "true")
+    await eventually(all_placed(({"pool": "gpu-a"}, "research-high", *gang)), message="placed")
     await call(
         kube.patch,
         *RLRUN,
@@ -449,7 +476,9 @@ async def test_fields_removed_from_the_run_leave_its_workloads(
         NAME,
         {"spec": {"placement": None, "priorityClassName": None, "queueName": None}},
     )
-    await eventually(all_placed((None, None, None)), message="removed fields left every workload")
+    await eventually(
+        all_placed((None, None, None, None, None, None)), message="removed fields left every workload"
+    )
 
 
 async def test_why_a_component_does_not_run_is_in_the_conditions(

@@ -23,7 +23,6 @@ from rlrun.operator.reconcile import (
     ENV_SERVER,
     GPU,
     INFERENCE,
-    KUEUE_QUEUE_LABEL,
     LIVE_CONFIG_KEYS,
     MODEL_SERVER,
     ORCHESTRATOR,
@@ -361,22 +360,6 @@ def test_suspended_or_finished_runs_keep_storage_config_and_services_but_no_pods
     assert set(objects(state)) < set(active)
 
 
-def test_kueue_queue_name_labels_every_workload_and_pod_but_no_selector():
-    sample = load(REPO / "operator" / "samples" / "kueue-structured.yaml")
-    sample["spec"]["suspend"] = False
-    state = desired_state(sample)
-    workloads = [o for o in state.objects if o["kind"] in ("StatefulSet", "Deployment")]
-    assert len(workloads) == 4
-    for obj in workloads:
-        assert obj["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a-gpus"
-        assert obj["spec"]["template"]["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a-gpus"
-        assert KUEUE_QUEUE_LABEL not in obj["spec"]["selector"]["matchLabels"]
-    for obj in state.objects:
-        if obj["kind"] not in ("StatefulSet", "Deployment"):
-            assert KUEUE_QUEUE_LABEL not in obj["metadata"]["labels"]
-    assert not any(KUEUE_QUEUE_LABEL in o["metadata"]["labels"] for o in desired_state(make_run()).objects)
-
-
 def test_tls_and_token_secrets_are_mounted_and_wired_into_the_config():
     sample = load(REPO / "operator" / "samples" / "kueue-structured.yaml")
     sample["spec"]["suspend"] = False
@@ -470,6 +453,34 @@ def test_invalid_specs_yield_an_error_and_no_objects(spec, where):
         return
     assert state.objects == []
     assert where in state.error_message
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        (
+            "[orchestrator.algorithm_args.grpo]\nbogus = 1\n",
+            "spec.config: orchestrator.algorithm_args.grpo: bogus",
+        ),
+        (
+            "[orchestrator.algorithm_args.gpro]\nx = 1\n",
+            "spec.config: orchestrator.algorithm_args.gpro: a table",
+        ),
+    ],
+)
+def test_algorithm_args_are_checked_when_the_config_renders(extra, where):
+    """rlrun.checks.check_algorithms runs in the operator's config rendering: a typo in an
+    algorithm's args, or args for an algorithm the run does not use, fail the RLRun at once
+    naming the key (the status's ConfigValid condition carries the message)."""
+    config = BASE_CONFIG.replace("max_steps = 10", 'max_steps = 10\nalgorithms = ["grpo"]')
+    assert desired_state(make_run(config=config)).error is None
+    state = desired_state(make_run(config=config + extra))
+    assert state.objects == []
+    assert state.error_message.startswith(where), state.error_message
+    structured = make_run(config=None, configSpec=tomllib.loads(config + extra))
+    del structured["spec"]["config"]
+    message = desired_state(structured).error_message
+    assert message.startswith(where.replace("spec.config", "spec.configSpec")), message
 
 
 def test_engine_override_that_breaks_the_config_is_a_config_error():
