@@ -1,5 +1,4 @@
 import openai
-
 import verifiers.v1 as vf
 
 

@@ -44,6 +44,10 @@ class ReverseTaskset(vf.Taskset[ReverseTask, ReverseConfig]):
         rng = random.Random(self.config.seed)
         tasks = []
         for _ in range(self.config.num_tasks):
-            text = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(self.config.min_len, self.config.max_len)))
-            tasks.append(ReverseTask(ReverseData(prompt=text, text=text, answer=text[::-1]), self.config.task))
+            text = "".join(
+                rng.choices(string.ascii_lowercase, k=rng.randint(self.config.min_len, self.config.max_len))
+            )
+            tasks.append(
+                ReverseTask(ReverseData(prompt=text, text=text, answer=text[::-1]), self.config.task)
+            )
         return tasks
