@@ -26,6 +26,8 @@ RUN useradd --uid 10001 --user-group --create-home --home-dir /home/rlrun --shel
 COPY --from=build /opt/rlrun /opt/rlrun
 WORKDIR /app
 COPY configs ./configs
+# configs/models and configs/tokenizer link to the package data in services/common/builtin.
+COPY services/common/builtin ./services/common/builtin
 ENV PATH=/opt/rlrun/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
 EXPOSE 50051 9090

@@ -38,6 +38,8 @@ RUN cc --version \
  && python -c "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))"
 WORKDIR /app
 COPY configs ./configs
+# configs/models and configs/tokenizer link to the package data in services/common/builtin.
+COPY services/common/builtin ./services/common/builtin
 USER 10001:10001
 EXPOSE 50051 9090 29400
 ENTRYPOINT ["rlrun", "serve", "trainer"]

@@ -24,14 +24,14 @@ from pathlib import Path
 import grpc
 
 from rlrun.bench import emit_result
+from rlrun.bench.local_runs import DEMO_CONFIG
 from rlrun.bench.services import served
 from rlrun.common.config import load_config
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.v1 import env_pb2, env_pb2_grpc, inference_pb2, inference_pb2_grpc, plan_pb2
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs/reverse_text.toml"
+CONFIG = DEMO_CONFIG
 ENV = "reverse-text"
 GROUPS, GROUP_SIZE = 16, 8
 

@@ -54,6 +54,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlrun.bench import emit_result, stage
+from rlrun.bench.local_runs import DEMO_CONFIG
 from rlrun.bench.services import free_port, served
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
@@ -64,8 +65,7 @@ from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.torch_process import TorchEngineProcess
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2, weights_pb2
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs/reverse_text.toml"
+CONFIG = DEMO_CONFIG
 BATCH = 32
 PROMPT_LEN = 8
 MAX_TOKENS = 48

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from rlrun.bench import emit_result
+from rlrun.bench.local_runs import DEMO_CONFIG
 from rlrun.common.config import FiltersConfig, load_config
 from rlrun.common.types import Branch, MessageNode, TaskRef, Trace
 from rlrun.common.wire import sample_to_proto
@@ -42,8 +43,6 @@ from rlrun.orchestrator.filters import RolloutFilters
 from rlrun.orchestrator.group import RolloutGroup
 from rlrun.v1 import trace_pb2, training_pb2
 
-REPO = Path(__file__).resolve().parents[2]
-DEMO_CONFIG = Path("configs/reverse_text.toml")
 DEFAULT_DEMO_METRICS = Path("outputs/reverse_text/metrics.jsonl")
 VOCAB = 128
 
@@ -173,8 +172,7 @@ def measure_throughput(batches: int) -> dict:
 
 
 def demo_shape() -> dict:
-    path = DEMO_CONFIG if DEMO_CONFIG.exists() else REPO / DEMO_CONFIG
-    config = load_config(path)
+    config = load_config(DEMO_CONFIG)
     orch = config.orchestrator
     return {
         "batch_size": orch.batch_size,
@@ -213,10 +211,7 @@ def train_step_lower_bound(shape: dict, iterations: int) -> float:
     from rlrun.common.model import PackedCausal, build_model
 
     torch.set_num_threads(1)
-    model_config = shape["model"]
-    if not Path(model_config.config).exists():
-        model_config = model_config.model_copy(update={"config": REPO / model_config.config})
-    model = build_model(model_config)
+    model = build_model(shape["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     samples, length = shape["batch_size"] * shape["group_size"], 12 + shape["completion"]
     ids = torch.randint(6, 100, (samples * length,))

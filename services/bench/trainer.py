@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from rlrun.bench import emit_result
+from rlrun.common import builtin
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
@@ -49,7 +50,7 @@ from rlrun.trainer.learner import build_learner
 from rlrun.trainer.loss import token_logprobs
 from rlrun.trainer.packing import pack_micro_batch
 from rlrun.trainer.servicer import SERVICE_NAME
-from rlrun.trainer.synthetic import CONFIGS, synthetic_batch, synthetic_config
+from rlrun.trainer.synthetic import synthetic_batch, synthetic_config
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc, weights_pb2
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -173,7 +174,7 @@ class CountingSink(inference_pb2_grpc.InferenceServiceServicer):
 
 def broadcast_model(quick: bool) -> dict[str, torch.Tensor]:
     if quick:
-        arch = ArchConfig.from_file(CONFIGS / "models" / "tiny-d128.json")
+        arch = ArchConfig.from_file(builtin.model_config("tiny-d128"))
     else:
         arch = ArchConfig.from_dict(BROADCAST_ARCH)
     model = create_model(arch)

@@ -1,4 +1,5 @@
-"""Generates the Python code for proto/rlrun/v1 into services/v1 (`make proto`).
+"""Generates the Python code for proto/rlrun/v1 into services/v1 (`make proto`), in the checkout
+named by `--root` (default: the current directory).
 
 The generated modules import each other as `rlrun.v1.*`, which resolves because
 `services/` is installed as the package `rlrun`.
@@ -6,28 +7,26 @@ The generated modules import each other as `rlrun.v1.*`, which resolves because
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PROTO_ROOT = REPO_ROOT / "proto"
-PROTO_DIR = PROTO_ROOT / "rlrun" / "v1"
-GENERATED_DIR = REPO_ROOT / "services" / "v1"
-
 INIT_TEXT = '"""Generated protobuf and gRPC code for rlrun.v1 (`make proto`; never edit by hand)."""\n'
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Generates every module into out_dir (which ends up holding rlrun/v1/*.py{,i})."""
+def generate(root: Path, out_dir: Path) -> list[Path]:
+    """Generates every module of the checkout at `root` into out_dir (which ends up holding
+    rlrun/v1/*.py{,i})."""
     from grpc_tools import protoc
 
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_DIR.glob("*.proto"))
+    proto_root = root / "proto"
+    protos = sorted(str(p.relative_to(proto_root)) for p in (proto_root / "rlrun" / "v1").glob("*.proto"))
     include = Path(protoc.__file__).parent / "_proto"
     args = [
         "protoc",
-        f"-I{PROTO_ROOT}",
+        f"-I{proto_root}",
         f"-I{include}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
@@ -41,15 +40,23 @@ def generate(out_dir: Path) -> list[Path]:
     return sorted(generated.iterdir())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlrun.common.protogen", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--root", type=Path, default=None, help="the checkout (default: the current directory)"
+    )
+    root = (parser.parse_args(argv).root or Path.cwd()).resolve()
+    generated_dir = root / "services" / "v1"
     with tempfile.TemporaryDirectory() as tmp:
-        files = generate(Path(tmp))
-        for stale in GENERATED_DIR.glob("*_pb2*.py*"):
+        files = generate(root, Path(tmp))
+        for stale in generated_dir.glob("*_pb2*.py*"):
             stale.unlink()
-        GENERATED_DIR.mkdir(parents=True, exist_ok=True)
+        generated_dir.mkdir(parents=True, exist_ok=True)
         for path in files:
-            shutil.copy2(path, GENERATED_DIR / path.name)
-    print(f"generated {len(files)} files into {GENERATED_DIR.relative_to(REPO_ROOT)}")
+            shutil.copy2(path, generated_dir / path.name)
+    print(f"generated {len(files)} files into {generated_dir.relative_to(root)}")
     return 0
 
 

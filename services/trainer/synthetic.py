@@ -1,6 +1,6 @@
 """Synthetic training batches shaped like the demo's (a short prompt that never trains, then a
 sampled completion with per-token sampling logprobs), and a run config around one of the
-in-repo tiny models, for the benchmark and the tests."""
+shipped tiny models (rlrun.common.builtin), for the benchmark and the tests."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from rlrun.common import builtin
 from rlrun.common.config import RunConfig, resolve_config
 from rlrun.common.types import Channel, LossKind, TrainingBatch, TrainingSample
-
-# The repository's configs/ folder (the package is installed from services/).
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def synthetic_config(
@@ -28,8 +26,8 @@ def synthetic_config(
         {
             "output_dir": str(output_dir),
             "model": {
-                "config": str(CONFIGS / "models" / f"{model}.json"),
-                "tokenizer": str(CONFIGS / "tokenizer" / "char"),
+                "config": str(builtin.model_config(model)),
+                "tokenizer": str(builtin.tokenizer("char")),
             },
             "inference": {"addresses": list(inference_addresses or [])},
             "trainer": dict(trainer or {}),

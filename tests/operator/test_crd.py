@@ -24,25 +24,27 @@ def schema() -> dict:
 
 def test_committed_crd_files_are_fresh():
     """Fails when services/operator/spec.py changed without `make crd`."""
-    assert crd.main(["--check"]) == 0, "run `make crd` (python -m rlrun.operator.crd) and commit the result"
-    for path in crd.OUTPUTS:
+    assert crd.main(["--check", "--root", str(REPO)]) == 0, (
+        "run `make crd` (python -m rlrun.operator.crd) and commit the result"
+    )
+    for path in crd.outputs(REPO):
         assert path.read_text() == crd.render_crd_yaml()
 
 
 def test_check_mode_reports_a_stale_copy(tmp_path, monkeypatch, capsys):
     stale = tmp_path / "crd.yaml"
     stale.write_text("old\n")
-    monkeypatch.setattr(crd, "generated_files", lambda: {stale: crd.render_crd_yaml()})
-    monkeypatch.setattr(crd, "REPO", tmp_path)
-    assert crd.main(["--check"]) == 1
+    monkeypatch.setattr(crd, "generated_files", lambda root: {stale: crd.render_crd_yaml()})
+    root = ["--root", str(tmp_path)]
+    assert crd.main(["--check", *root]) == 1
     assert "stale: crd.yaml" in capsys.readouterr().err
-    assert crd.main([]) == 0 and stale.read_text() == crd.render_crd_yaml()
-    assert crd.main(["--check"]) == 0
+    assert crd.main(root) == 0 and stale.read_text() == crd.render_crd_yaml()
+    assert crd.main(["--check", *root]) == 0
 
 
 def test_generated_files_include_the_install_manifests():
     pytest.importorskip("helm_python")
-    names = {path.relative_to(REPO).as_posix() for path in crd.generated_files()}
+    names = {path.relative_to(REPO).as_posix() for path in crd.generated_files(REPO)}
     assert names == {
         "charts/rlrun/crds/rlruns.rlrun.dev.yaml",
         "operator/crd.yaml",

@@ -20,6 +20,7 @@ import grpc
 import pytest
 import torch
 
+from rlrun.common import builtin
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
@@ -30,7 +31,7 @@ from rlrun.trainer.coordinator import Coordinator
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 from rlrun.trainer.servicer import SERVICE_NAME
-from rlrun.trainer.synthetic import CONFIGS, synthetic_config
+from rlrun.trainer.synthetic import synthetic_config
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2_grpc, weights_pb2
 
 torch.set_num_threads(1)
@@ -202,8 +203,8 @@ def _write_run_file(path: Path, output_dir: Path, addresses: list[str], trainer:
     lines = [
         f"output_dir = {json.dumps(str(output_dir))}",
         "[model]",
-        f"config = {json.dumps(str(CONFIGS / 'models' / 'tiny-d64.json'))}",
-        f"tokenizer = {json.dumps(str(CONFIGS / 'tokenizer' / 'char'))}",
+        f"config = {json.dumps(str(builtin.model_config('tiny-d64')))}",
+        f"tokenizer = {json.dumps(str(builtin.tokenizer('char')))}",
         "[inference]",
         f"addresses = {json.dumps(addresses)}",
         "[trainer]",

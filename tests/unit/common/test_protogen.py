@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
-from rlrun.common.protogen import GENERATED_DIR, PROTO_DIR, generate
+from rlrun.common.protogen import generate
+
+REPO = Path(__file__).resolve().parents[3]
+PROTO_DIR = REPO / "proto" / "rlrun" / "v1"
+GENERATED_DIR = REPO / "services" / "v1"
 
 EXPECTED_PROTOS = {
     "trace",
@@ -18,7 +22,7 @@ EXPECTED_PROTOS = {
 
 
 def test_generated_code_is_fresh(tmp_path: Path):
-    fresh = {p.name: p.read_bytes() for p in generate(tmp_path)}
+    fresh = {p.name: p.read_bytes() for p in generate(REPO, tmp_path)}
     committed = {
         p.name: p.read_bytes() for p in GENERATED_DIR.iterdir() if p.is_file() and p.suffix in (".py", ".pyi")
     }
