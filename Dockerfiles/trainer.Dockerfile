@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # rlrun trainer: the base dependencies and the [model] extra (torch: the PyPI wheel carries its
 # CUDA libraries; the node's driver comes in through the NVIDIA container runtime), torchrun for
-# multi-GPU and multi-node runs, and huggingface_hub for the model-download init container.
+# multi-GPU and multi-node runs (the extra also brings huggingface_hub for the model-download init
+# container).
 # Layers: the dependencies first, from pyproject.toml's metadata alone (Dockerfiles/requirements.py;
 # Dockerfiles/constraints.txt pins them, torch included), then the source with --no-deps.
 # The runtime stage keeps a C compiler and the Python headers: Triton (torch.compile, fused
@@ -14,7 +15,6 @@ RUN python -m venv /opt/rlrun
 ENV PATH=/opt/rlrun/bin:$PATH
 COPY pyproject.toml Dockerfiles/requirements.py Dockerfiles/constraints.txt /tmp/deps/
 RUN python /tmp/deps/requirements.py /tmp/deps/pyproject.toml model > /tmp/deps/requirements.txt \
- && echo huggingface_hub >> /tmp/deps/requirements.txt \
  && pip install -r /tmp/deps/requirements.txt -c /tmp/deps/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
