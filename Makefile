@@ -16,6 +16,10 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 # `rlrun local`): `npm ci` again only when its lock file changes.
 EXTERNAL_ENV_NODE := examples/external_env_node
 EXTERNAL_ENV_NODE_STAMP := $(EXTERNAL_ENV_NODE)/node_modules/.package-lock.json
+# Grafana's dashboard schema and TypeScript (below); defined before `setup`, whose prerequisites
+# make expands as it reads them.
+NODE_DIR := $(VENV)/node
+NODE_STAMP := $(NODE_DIR)/.setup-stamp
 
 setup: $(STAMP) prometheus-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint
 
@@ -38,8 +42,6 @@ prometheus-tools:
 
 # Grafana's dashboard schema (@grafana/schema's types) and the TypeScript compiler that checks the
 # chart's dashboards against it (tests/chart/test_monitoring.py).
-NODE_DIR := $(VENV)/node
-NODE_STAMP := $(NODE_DIR)/.setup-stamp
 $(NODE_STAMP): Makefile
 	mkdir -p $(NODE_DIR)
 	test -f $(NODE_DIR)/package.json || echo '{"private": true}' > $(NODE_DIR)/package.json
