@@ -267,15 +267,22 @@ class UnavailableBackoff:
         return delay
 
 
-async def call_while_unavailable(call: Callable[[], Awaitable[T]], budget_s: float, what: str) -> T:
+async def call_while_unavailable(
+    call: Callable[[], Awaitable[T]],
+    budget_s: float,
+    what: str,
+    gone: Callable[[], Awaitable[bool]] | None = None,
+) -> T:
     """`await call()`, tried again while it fails with UNAVAILABLE, for `budget_s` at most;
-    then the last error is raised. `what` names the call in the log ("trainer GetStatus")."""
+    then the last error is raised. `what` names the call in the log ("trainer GetStatus").
+    `gone`, when given, decides whether an UNAVAILABLE means the server is down (wait for
+    it) or is the server's own answer (raised at once)."""
     backoff = UnavailableBackoff(budget_s)
     while True:
         try:
             return await call()
         except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNAVAILABLE:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or (gone is not None and not await gone()):
                 raise
             delay = backoff.next_delay()
             if delay is None:

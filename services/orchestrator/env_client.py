@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,13 +10,11 @@ from typing import Any
 
 import grpc
 
-from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
+from rlrun.common.grpc_client import ClientOptions, call_while_unavailable, open_channel
 from rlrun.common.types import TaskRef, Trace
 from rlrun.common.wire import channels_from_proto, group_from_proto, task_to_proto, trace_to_proto
 from rlrun.orchestrator.algorithms import BranchResult
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,28 +84,21 @@ class EnvClient:
         UNAVAILABLE from a server that answers is its own verdict on the group, which the
         scheduler's retry policy (orchestrator.max_retries) handles."""
         request = env_pb2.RunGroupRequest(group_id=group_id, task=task_to_proto(task), plan=plan, n=n)
-        backoff = UnavailableBackoff(min(self.unavailable_retry_s, timeout_s))
-        while True:
-            try:
-                reply = await self.stub.RunGroup(request, timeout=timeout_s)
-                break
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or await self._answers():
-                    raise
-                delay = backoff.next_delay()
-                if delay is None:
-                    raise
-                if backoff.tries == 1:
-                    log.warning("env-server %s is down (%s); waiting for it", self.address, error.details())
-                await asyncio.sleep(delay)
+        reply = await call_while_unavailable(
+            lambda: self.stub.RunGroup(request, timeout=timeout_s),
+            min(self.unavailable_retry_s, timeout_s),
+            f"env-server {self.address} RunGroup",
+            gone=self._gone,
+        )
         return group_from_proto(reply.traces, request, f"RunGroup({group_id})", self.reward_range)
 
-    async def _answers(self) -> bool:
+    async def _gone(self) -> bool:
+        """Whether the env-server is down (it does not answer GetInfo either)."""
         try:
             await self.stub.GetInfo(env_pb2.GetInfoRequest(), timeout=5.0)
         except grpc.aio.AioRpcError as error:
-            return error.code() != grpc.StatusCode.UNAVAILABLE
-        return True
+            return error.code() == grpc.StatusCode.UNAVAILABLE
+        return False
 
     async def cancel(self, group_ids: list[str]) -> int:
         reply = await self.stub.Cancel(env_pb2.CancelRequest(group_ids=group_ids), timeout=10.0)

@@ -66,7 +66,7 @@ class RollbackOutcome:
 
 def _detached(state: LearnerState) -> LearnerState:
     """A copy that training cannot change while it is written (on CPU the captured tensors
-    may share storage with the live parameters and optimizer moments)."""
+    share storage with the live parameters and optimizer moments)."""
     clone = lambda value: value.detach().clone() if isinstance(value, torch.Tensor) else value  # noqa: E731
     return LearnerState(
         step=state.step,
@@ -196,7 +196,10 @@ class TrainerRuntime:
         if self._writing is not None:
             await asyncio.shield(self._writing)  # one write at a time, in step order
         started = time.perf_counter()
-        state = _detached(await asyncio.to_thread(self.coordinator.capture_state))
+        state = await asyncio.to_thread(self.coordinator.capture_state)
+        if self.coordinator.learner.parallel.device.type == "cpu":
+            # On an accelerator the capture already copied the state to host memory.
+            state = _detached(state)
         extra, step = self.resume_state, state.step
         self._saved_at, self._saved_step = time.monotonic(), step
 

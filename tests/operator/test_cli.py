@@ -34,7 +34,7 @@ def healthz(port: int) -> int:
 async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
     rlrun = Path(sys.executable).with_name("rlrun")
     if not rlrun.exists():
-        pytest.skip("no rlrun console script next to this interpreter")
+        pytest.fail(f"no rlrun console script at {rlrun}: run `make setup` (pip install -e installs it)")
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(

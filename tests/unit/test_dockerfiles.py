@@ -180,7 +180,7 @@ def test_entrypoint_is_a_real_rlrun_subcommand(service):
 def test_entrypoint_subcommands_run_with_help():
     rlrun = Path(sys.executable).with_name("rlrun")
     if not rlrun.exists():
-        pytest.skip("no rlrun console script next to this interpreter")
+        pytest.fail(f"no rlrun console script at {rlrun}: run `make setup` (pip install -e installs it)")
     processes = {
         service: subprocess.Popen(
             [str(rlrun), *ENTRYPOINTS[service][1:], "--help"],
