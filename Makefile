@@ -62,9 +62,11 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The unit tier alone: no services started, under a minute.
+# The unit tier alone: no services started, under a minute. Its tests share no ports or
+# files, so they run on every core (pytest-xdist); the e2e and chaos tiers stay serial, since
+# their timings assume the services have the machine to themselves.
 test-unit: setup
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n auto tests/unit
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
