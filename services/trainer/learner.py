@@ -136,10 +136,16 @@ class Learner:
         for index, micro in enumerate(micro_batches):
             with self.parallel.gradient_sync(self.model, enabled=index == last):
                 logits = self.model(
-                    micro.input_ids, micro.positions, PackedCausal.from_offsets(micro.cu_seqlens)
+                    micro.input_ids,
+                    micro.positions,
+                    PackedCausal.from_offsets(micro.cu_seqlens),
+                    micro.predict_rows,
                 )
                 logprobs, entropy = token_logprobs(
-                    logits[micro.predict_rows], micro.targets, micro.temperatures
+                    logits,
+                    micro.targets,
+                    micro.temperatures,
+                    entropy_grad=self.config.loss.entropy_coef != 0,
                 )
                 terms = channel_loss(
                     logprobs,

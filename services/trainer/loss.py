@@ -40,14 +40,19 @@ STAT_NAMES = (
 
 
 def token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
+    logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π of each target and the entropy of each row's distribution, both after dividing
-    the row's logits by its temperature. logits: [P, V]; targets, temperatures: [P]."""
+    the row's logits by its temperature. logits: [P, V]; targets, temperatures: [P].
+
+    `entropy_grad=False` (no entropy bonus): the entropy is a statistic only, computed
+    outside autograd, so the backward pass does not go over [P, V] a second time for a term
+    whose coefficient is 0."""
     scaled = logits.float() / temperatures[:, None]
     log_probs = torch.log_softmax(scaled, dim=-1)
     chosen = log_probs.gather(-1, targets[:, None]).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
     return chosen, entropy
 
 

@@ -83,8 +83,19 @@ class CausalLM(nn.Module, ABC):
         """A checkpoint's tensors under this module tree's names (for layouts HF also loads)."""
         return state
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(input_ids, positions, attend))
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits [T, vocab], or only those of `rows` [R] (the rows that predict a trained
+        token): the head is the costliest matmul of a large vocabulary, and its [T, vocab]
+        output the largest activation, so a trainer skips it for prompt rows. Through
+        `forward`, so that FSDP's hooks on the root module gather the head's weights."""
+        hidden = self.hidden_states(input_ids, positions, attend)
+        return self.lm_head(hidden if rows is None else hidden.index_select(0, rows))
 
     def init_weights(self, seed: int, scheme: InitScheme = "transformers") -> None:
         """Seeded random init.

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlrun.common.model import PackedCausal
+from rlrun.trainer.loss import channel_loss
+from rlrun.trainer.packing import count_channel_tokens, pack_micro_batch
 from rlrun.trainer.synthetic import synthetic_batch
 
 METRIC_KEYS = {
@@ -113,3 +116,37 @@ def test_full_weights_carry_hf_names_and_drop_a_tied_lm_head(make_learner):
     tied = make_learner(model="tiny-d128").full_weights()
     assert "lm_head.weight" in untied and "model.embed_tokens.weight" in untied
     assert "lm_head.weight" not in tied and "model.norm.weight" in tied
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
+def test_the_update_equals_a_full_logits_reference_step(make_learner, entropy_coef):
+    """The learner computes the head only on the rows that predict a token, and the entropy
+    outside autograd when it has no coefficient: the same update as the plain step below,
+    which takes every row's logits and differentiates everything."""
+    learner = make_learner(loss={"entropy_coef": entropy_coef}, max_grad_norm=1e9)
+    reference = make_learner(loss={"entropy_coef": entropy_coef}, max_grad_norm=1e9)
+    batch = synthetic_batch(0)
+    counts = count_channel_tokens(batch.samples)
+    packed = pack_micro_batch(batch.samples)
+    logits = reference.model(packed.input_ids, packed.positions, PackedCausal.from_offsets(packed.cu_seqlens))
+    log_probs = torch.log_softmax(logits[packed.predict_rows].float() / packed.temperatures[:, None], dim=-1)
+    logprobs = log_probs.gather(-1, packed.targets[:, None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    terms = channel_loss(
+        logprobs,
+        entropy,
+        packed.sampling_logprobs,
+        packed.advantages,
+        packed.rl_mask,
+        packed.ce_weights,
+        packed.ce_mask,
+        counts.rl,
+        counts.ce,
+        reference.config.loss,
+    )
+    terms.loss.backward()
+    reference.optimizer.step()
+    result = learner.train(batch)
+    assert result.metrics["loss"] == pytest.approx(terms.loss.item(), rel=1e-5)
+    for x, y in zip(params(learner), params(reference), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
