@@ -37,6 +37,7 @@ def test_the_learner_on_cuda_makes_the_cpu_update(tmp_path):
     config = synthetic_config(tmp_path, trainer={"grad_steps_per_batch": 2})
     on_cpu = build_learner(config, Parallelism.single("cpu"))
     on_gpu = build_learner(config, Parallelism.single("cuda"))
+    assert on_gpu.optimizer.defaults["fused"] and not on_cpu.optimizer.defaults["fused"]
     for step in range(2):
         expected, got = on_cpu.train(synthetic_batch(step)), on_gpu.train(synthetic_batch(step))
         assert got.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-3, abs=1e-5)
