@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlrun.bench import gpu
-from rlrun.bench.gpu_parts import DecodeLoop, parameter_count
+from rlrun.bench.gpu_parts import DecodeLoop, StaticDecode, parameter_count
 from rlrun.cli import build_parser
 from rlrun.common.config import load_config
 from rlrun.common.model import PackedCausal, build_model
@@ -115,13 +115,38 @@ def test_ratios_are_each_figure_over_its_baseline():
     }
 
 
-def test_the_decode_loop_generates_the_models_own_greedy_tokens():
-    """The limit's static-cache attention (grouped-query: tiny-d128 has 4 heads over 2 kv
-    heads) gives each row the argmax of the model's own forward over its whole sequence."""
+def tiny_model():
     config = load_config(
         gpu.RUN_FILE, ['model.config="configs/models/tiny-d128.json"', 'model.dtype="float32"']
     )
-    model = build_model(config.model).eval()
+    return build_model(config.model).eval()
+
+
+def test_the_static_cache_attends_as_the_models_own_forward():
+    """A token's hidden state through the limit's static cache (grouped-query: tiny-d128 has
+    4 heads over 2 kv heads) is the model's own forward's over the whole sequence."""
+    model = tiny_model()
+    rows, length = 3, 10
+    sequences = torch.randint(
+        6, model.config.vocab_size, (rows, length), generator=torch.Generator().manual_seed(0)
+    )
+    attend = StaticDecode(model, rows, length)
+    with torch.inference_mode():
+        for position in range(length):
+            attend.position.fill_(position)
+            stepped = model.hidden_states(sequences[:, position], attend.position.expand(rows), attend)
+            whole = model.hidden_states(
+                sequences[:, : position + 1].flatten(),
+                torch.arange(position + 1).repeat(rows),
+                PackedCausal([position + 1] * rows),
+            )
+            torch.testing.assert_close(stepped, whole.view(rows, position + 1, -1)[:, -1])
+
+
+def test_the_decode_loop_generates_the_models_own_greedy_tokens():
+    """Each row's tokens of the limit's loop (prompt in, then replays) are the argmax of the
+    model's own forward over its whole sequence so far."""
+    model = tiny_model()
     prompts = torch.tensor([[5, 9, 14, 3], [7, 7, 30, 2], [40, 41, 42, 43]])
     steps = 6
     with torch.inference_mode():
