@@ -102,7 +102,6 @@ CPU = Scale("tiny", "float32", 8, 16, 4, 64, 2, 60.0, ("orchestrator.batch_size=
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    gpu, cpu = GPU, CPU
     parser.add_argument(
         "--cpu", action="store_true", help="the CPU fallback even where CUDA is available (tiny model)"
     )
@@ -112,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         choices=sorted(PRESETS),
-        help=f"model preset, a transformers config (default: {gpu.model}; {cpu.model} on a CPU)",
+        help=f"model preset, a transformers config (default: {GPU.model}; {CPU.model} on a CPU)",
     )
     for flag, field in ARCH_FLAGS.items():
         parser.add_argument(
@@ -121,18 +120,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         choices=("bfloat16", "float16", "float32"),
-        help=f"model dtype (default: {gpu.dtype}; {cpu.dtype} on a CPU)",
+        help=f"model dtype (default: {GPU.dtype}; {CPU.dtype} on a CPU)",
     )
     for name, what in SIZES.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             type=positive,
             metavar="N",
-            help=f"{what} (default: {getattr(gpu, name)}; {getattr(cpu, name)} on a CPU)",
+            help=f"{what} (default: {getattr(GPU, name)}; {getattr(CPU, name)} on a CPU)",
         )
     parser.add_argument(
         "--transport",
-        help="trainer.broadcast.transport of the weight sync (default: the trainer's default)",
+        help="trainer.broadcast.transport of the weight sync, e.g. grpc (default: the trainer's default)",
     )
     parser.add_argument(
         "--skip", action="append", choices=PARTS, default=[], help="leave a part out (repeatable)"
@@ -141,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget",
         type=positive,
         metavar="SECONDS",
-        help=f"time the whole bench aims at (default: {gpu.budget_s:.0f}; {cpu.budget_s:.0f} on a CPU)",
+        help=f"time the whole bench aims at (default: {GPU.budget_s:.0f}; {CPU.budget_s:.0f} on a CPU)",
     )
 
 

@@ -158,6 +158,9 @@ class StaticDecode:
     def __init__(self, model: CausalLM, rows: int, max_len: int):
         cfg = model.config
         weight = model.lm_head.weight
+        # CUDA's memory-efficient attention pads a mask whose last dimension is not a multiple
+        # of 16, a copy per layer and step; positions past the last one are never visible.
+        max_len = -(-max_len // 16) * 16
         shape = (rows, cfg.num_kv_heads, max_len, cfg.head_dim)
         self.k = [weight.new_zeros(shape) for _ in range(cfg.num_layers)]
         self.v = [weight.new_zeros(shape) for _ in range(cfg.num_layers)]
