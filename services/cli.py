@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -32,7 +33,14 @@ BENCHMARKS = {
         "async (max_off_policy_steps=1) vs sync step time, against the bound",
     ),
     "stack": ("rlrun.bench.stack", "the rlrun local service stack vs the same RL loop in one process"),
+    "gpu": (
+        "rlrun.bench.gpu",
+        "served engine, learner, weight sync and rlrun local on one GPU, each vs its baseline",
+    ),
 }
+BENCHMARK_OPTIONS = {"gpu"}
+"""Benchmarks with options of their own: their modules define `add_arguments(parser)` and
+import nothing heavy at the top (the parser is built on every `rlrun` call)."""
 
 
 def _add_config_args(parser: argparse.ArgumentParser, positional: bool) -> None:
@@ -213,9 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run and ends with one JSON line. Benchmarks: "
         + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()),
     )
-    bench.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
-    bench.add_argument("--quick", action="store_true", help="fewer iterations (for smoke tests)")
-    bench.add_argument("--output", type=Path, help="also write the JSON result to this file")
+    names = bench.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, (module, summary) in sorted(BENCHMARKS.items()):
+        one = names.add_parser(name, help=summary, description=f"{summary}. The last output line is JSON.")
+        one.add_argument("--quick", action="store_true", help="fewer iterations (for smoke tests)")
+        one.add_argument("--output", type=Path, help="also write the JSON result to this file")
+        if name in BENCHMARK_OPTIONS:
+            with contextlib.suppress(ModuleNotFoundError):  # `_bench` says it is missing
+                importlib.import_module(module).add_arguments(one)
     return parser
 
 

@@ -123,26 +123,41 @@ def raw_decode_tok_s(config: RunConfig, rounds: int) -> float:
 # -- (c) sequential transformers generate ------------------------------------------------
 
 
-def sequential_generate_tok_s(config: RunConfig, requests: int) -> float:
+def transformers_model(config: RunConfig, device: str = "cpu"):
+    """The configured model, with the very weights of its seeded init, as a transformers
+    model on `device` in the config's dtype."""
     import transformers
 
     model = build_model(config.model)
-    hf = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**arch_dict(config.model))
-    )
+    with torch.device(device):  # transformers' own init, overwritten next, runs there
+        hf = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**arch_dict(config.model))
+        )
     hf.load_state_dict(model.state_dict(), strict=True)
-    hf.eval()
-    generation = transformers.GenerationConfig(
+    return hf.to(dtype=model.lm_head.weight.dtype).eval()
+
+
+def sampling_generation(max_tokens: int):
+    """transformers' sampling configuration of exactly `max_tokens` tokens (temperature 1, no
+    top-k or top-p, no stop token), as every request of the benchmarks generates."""
+    import transformers
+
+    return transformers.GenerationConfig(
         do_sample=True,
         temperature=1.0,
         top_k=0,
         top_p=1.0,
-        max_new_tokens=MAX_TOKENS,
-        min_new_tokens=MAX_TOKENS,
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
         eos_token_id=None,
         pad_token_id=0,
     )
-    prompts = random_prompts(requests + 1, model.config.vocab_size, 1)
+
+
+def sequential_generate_tok_s(config: RunConfig, requests: int) -> float:
+    hf = transformers_model(config)
+    generation = sampling_generation(MAX_TOKENS)
+    prompts = random_prompts(requests + 1, hf.config.vocab_size, 1)
     tokens_done, elapsed = 0, 0.0
     with torch.inference_mode():
         for index, prompt in enumerate(prompts):  # the first request warms up
@@ -237,22 +252,22 @@ async def serving(log_dir: Path, overrides: list[str]) -> AsyncIterator[tuple[Se
         )
 
 
-async def clients_tok_s(generate, vocab: int, requests_per_client: int) -> float:
-    """Generated tok/s of 32 concurrent clients, each sending its requests one after another;
-    `generate(prompt)` returns the number of tokens generated."""
+async def clients_tok_s(generate, vocab: int, requests_per_client: int, clients: int = BATCH) -> float:
+    """Generated tok/s of `clients` concurrent clients, each sending its requests one after
+    another; `generate(prompt)` returns the number of tokens generated."""
 
     async def client(index: int) -> int:
         return sum([await generate(p) for p in random_prompts(requests_per_client, vocab, 1000 + index)])
 
     started = time.perf_counter()
-    generated = await asyncio.gather(*[client(i) for i in range(BATCH)])
+    generated = await asyncio.gather(*[client(i) for i in range(clients)])
     return sum(generated) / (time.perf_counter() - started)
 
 
-def grpc_generate(call, request_id: str = ""):
+def grpc_generate(call, request_id: str = "", max_tokens: int = MAX_TOKENS):
     """`clients_tok_s`'s `generate` over a Generate-shaped unary `call` (the service's, or
     the sink's Wait)."""
-    sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
+    sampling = sampling_pb2.SamplingParams(temperature=1.0, max_tokens=max_tokens)
 
     async def generate(prompt: list[int]) -> int:
         request = inference_pb2.GenerateRequest(

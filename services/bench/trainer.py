@@ -85,9 +85,9 @@ class BareLoop:
     """The baseline: the model, packed tokens and AdamW with no trainer around them."""
 
     def __init__(self, config, batch: TrainingBatch):
-        self.model = build_model(config.model)
+        self.model = build_model(config.model, device=config.trainer.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.trainer.lr)
-        self.packed = pack_micro_batch(batch.samples)
+        self.packed = pack_micro_batch(batch.samples).to(config.trainer.device)
         self.attend = PackedCausal.from_offsets(self.packed.cu_seqlens)
         self.weights = self.packed.advantages * self.packed.rl_mask
         self.count = int(self.packed.rl_mask.sum())
