@@ -96,7 +96,7 @@ class StaticDecoder:
             raise ValueError(f"CUDA graphs need a CUDA device, not {cache.k[0].device}")
         device = cache.k[0].device
         # Persistent inputs of every bucket (a bucket's are the first `rows` of each). Padding
-        # rows carry token 0 at position 0 and write into the scratch slot.
+        # rows write into the scratch slot.
         self.tokens = torch.zeros(self.slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(self.slots, dtype=torch.long, device=device)
         self.write_slots = torch.full((self.slots,), self.scratch, dtype=torch.long, device=device)
@@ -123,8 +123,8 @@ class StaticDecoder:
         """The final hidden states [len(slot_ids), hidden] of one decode step: sequence i feeds
         `tokens[i]` at `positions[i]` into its slot `slot_ids[i]` (each in the bucket `shape`).
         No host synchronisation: the inputs go into the static buffers on the device."""
-        self.tokens.zero_()
-        self.positions.zero_()
+        # Rows that ran a sequence before keep its last token and position: any is valid,
+        # once their writes go to the scratch slot.
         self.write_slots.fill_(self.scratch)
         self.tokens.index_copy_(0, slot_ids, tokens)
         self.positions.index_copy_(0, slot_ids, positions)

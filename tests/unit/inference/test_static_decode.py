@@ -226,7 +226,6 @@ def test_a_parameter_replaced_instead_of_copied_into_fails_the_update():
 
 
 def test_padding_rows_change_no_live_row_and_no_other_slot():
-    torch.manual_seed(0)
     model = gqa_model().eval()
     cfg = model.config
 
@@ -237,33 +236,35 @@ def test_padding_rows_change_no_live_row_and_no_other_slot():
             store.copy_(torch.randn(store.shape, generator=generator))
         return cache
 
-    tokens, slots, positions = torch.tensor([3, 9]), torch.tensor([4, 1]), torch.tensor([10, 3])
-    live = torch.zeros(9, 64, dtype=torch.bool)
-    live[slots, positions] = True
-    original = filled_cache()
-    with torch.inference_mode():
-        eager_cache = filled_cache()
-        eager = model.hidden_states(tokens, positions, eager_cache.step(slots, positions))
-        static = {}
-        for rows in (5, 8):
-            cache = filled_cache()
-            static[rows] = StaticDecoder(model, cache, capture=False).hidden_states(
-                tokens, slots, positions, (rows, 64)
-            )
-            stores = zip(
-                (*cache.k, *cache.v),
-                (*eager_cache.k, *eager_cache.v),
-                (*original.k, *original.v),
-                strict=True,
-            )
-            for ours, eagers, before in stores:
-                # The live rows wrote what the eager step wrote; padding rows wrote only into
-                # the scratch slot (8), nothing else changed.
+    def stores(cache: SlotKVCache) -> list[torch.Tensor]:
+        return [store.clone() for store in (*cache.k, *cache.v)]
+
+    # Step 1 runs slots 4, 1 and 6; step 2 only 4 and 1, so row 6 is padding that ran a
+    # sequence before, and slot 6 is cleared between them as a free slot's content may be
+    # anything. Each step is checked against the eager step at the batch's own shape.
+    steps = [
+        (torch.tensor([3, 9, 7]), torch.tensor([4, 1, 6]), torch.tensor([10, 3, 20])),
+        (torch.tensor([5, 2]), torch.tensor([4, 1]), torch.tensor([11, 4])),
+    ]
+    for rows in (7, 8):
+        cache, eager_cache = filled_cache(), filled_cache()
+        decoder = StaticDecoder(model, cache, capture=False)
+        for tokens, slots, positions in steps:
+            if len(slots) == 2:
+                for store in (*cache.k, *cache.v, *eager_cache.k, *eager_cache.v):
+                    store[6] = 0
+            before = stores(cache)
+            with torch.inference_mode():
+                static = decoder.hidden_states(tokens, slots, positions, (rows, 64))
+                eager = model.hidden_states(tokens, positions, eager_cache.step(slots, positions))
+            torch.testing.assert_close(static, eager)
+            live = torch.zeros(9, 64, dtype=torch.bool)
+            live[slots, positions] = True
+            untouched = ~live
+            untouched[8] = False  # the scratch slot
+            for ours, previous, eagers in zip(stores(cache), before, stores(eager_cache), strict=True):
                 torch.testing.assert_close(ours[live], eagers[live])
-                assert torch.equal(ours[:8][~live[:8]], before[:8][~live[:8]])
-                assert not torch.equal(ours[8], before[8])
-    torch.testing.assert_close(static[5], eager)
-    torch.testing.assert_close(static[8], eager)
+                assert torch.equal(ours[untouched], previous[untouched])
 
 
 def test_buckets_cover_every_batch_and_span_with_bounded_padding():
