@@ -77,6 +77,18 @@ def argmax_loop(model: CausalLM, prompt: list[int], steps: int) -> list[int]:
     return ids[len(prompt) :]
 
 
+def assert_greedy(model: CausalLM, prompt: list[int], completion: list[int]) -> None:
+    """`completion` is the forward-argmax loop's: exactly on CPU; on CUDA, where the plain
+    pass runs other kernels that may split a near tie the other way, each token is the
+    argmax of the recomputed pass up to float rounding."""
+    if next(model.parameters()).device.type == "cpu":
+        assert completion == argmax_loop(model, prompt, len(completion))
+        return
+    logits = forward_logits(model, prompt + completion)[len(prompt) - 1 : -1]
+    chosen = logits.gather(1, torch.tensor(completion)[:, None])[:, 0]
+    assert bool((chosen >= logits.amax(-1) - 1e-4).all())
+
+
 def recomputed_logprobs(model, prompt, completion, temperature, top_k=0, top_p=1.0) -> torch.Tensor:
     """Each token's logprob under the tempered distribution renormalised over its top-k and
     then its top-p nucleus."""
@@ -155,12 +167,12 @@ def test_greedy_static_steps_equal_a_forward_argmax_loop_as_rows_join_and_leave(
     plan[14].append(Submit(3, *requests[3], False, 0.0))
     done = drive(core, plan)
     for rid, (prompt, params) in requests.items():
-        reference = argmax_loop(model, prompt, params.max_tokens)
-        assert [c.token_ids for c in done[rid]] == [reference] * params.n, rid
-    rows = {r for r, _ in shapes}
-    spans = {s for _, s in shapes}
-    assert len(rows) > 2  # the batch went through several row buckets
-    assert len(spans) == len([s for s in span_buckets(max_len)])  # and every span bucket
+        assert len(done[rid]) == params.n
+        for completion in done[rid]:
+            assert len(completion.token_ids) == params.max_tokens
+            assert_greedy(model, prompt, completion.token_ids)
+    assert len({rows for rows, _ in shapes}) > 2  # the batch went through several row buckets
+    assert {span for _, span in shapes} == set(span_buckets(max_len))  # and every span bucket
 
 
 def test_sampled_logprobs_equal_a_recomputed_pass(mode):
@@ -195,7 +207,8 @@ def test_cancelling_a_request_mid_batch_leaves_the_others_exact(mode):
     assert len(shapes) > 30  # the steps after the cancellation were static ones too
     for rid in (0, 2):
         prompt, params = requests[rid]
-        assert done[rid][0].token_ids == argmax_loop(model, prompt, params.max_tokens)
+        assert len(done[rid][0].token_ids) == params.max_tokens
+        assert_greedy(model, prompt, done[rid][0].token_ids)
 
 
 def test_a_weight_update_between_steps_reaches_the_static_step(mode):
@@ -203,7 +216,7 @@ def test_a_weight_update_between_steps_reaches_the_static_step(mode):
     model = tiny_model().to(device)
     core = make_core(model, decode, 64)
     prompt = [5, 6, 7, 8]
-    before = argmax_loop(model, prompt, 20)  # the update copies into `model` itself
+    before = tiny_model().to(device)  # `model` as it was: the update copies into it
     other = tiny_model(seed=11).to(device)
     update = ApplyWeights(9, 2, {k: v.clone() for k, v in other.state_dict().items()})
     # The first request's steps capture the graphs (rows 1, span 64) the second one replays.
@@ -212,8 +225,9 @@ def test_a_weight_update_between_steps_reaches_the_static_step(mode):
         30: [update, Submit(1, prompt, greedy(20), False, 0.0)],
     }
     done = drive(core, plan)
-    assert done[0][0].token_ids == before
-    assert done[1][0].token_ids == argmax_loop(other, prompt, 20) != before
+    assert_greedy(before, prompt, done[0][0].token_ids)
+    assert_greedy(other, prompt, done[1][0].token_ids)
+    assert done[1][0].token_ids != done[0][0].token_ids
     assert done[1][0].policy_version_start == 2
 
 
