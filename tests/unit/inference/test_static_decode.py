@@ -26,16 +26,11 @@ from rlrun.inference.sampler import BatchSampler, RowSettings
 
 from .conftest import REPO, tiny_model
 
-CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MODES = [
     pytest.param(("static", "cpu"), id="static-cpu"),
-    pytest.param(
-        ("graphs", "cuda"),
-        id="graphs-cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")],
-    ),
+    pytest.param(("graphs", "cuda"), id="graphs-cuda", marks=[pytest.mark.gpu, needs_cuda]),
 ]
-on_cuda = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
 
 
 @pytest.fixture(params=MODES)
@@ -162,10 +157,8 @@ def test_greedy_static_steps_equal_a_forward_argmax_loop_as_rows_join_and_leave(
         3: ([30], greedy(12)),
     }
     # 1 leaves early; 2 joins the running batch and 3 a slot that 1 gave back.
-    plan = {0: [Submit(0, *requests[0], False, 0.0), Submit(1, *requests[1], False, 0.0)], 4: [], 14: []}
-    plan[4].append(Submit(2, *requests[2], False, 0.0))
-    plan[14].append(Submit(3, *requests[3], False, 0.0))
-    done = drive(core, plan)
+    submits = {rid: Submit(rid, *request, False, 0.0) for rid, request in requests.items()}
+    done = drive(core, {0: [submits[0], submits[1]], 4: [submits[2]], 14: [submits[3]]})
     for rid, (prompt, params) in requests.items():
         assert len(done[rid]) == params.n
         for completion in done[rid]:
@@ -315,7 +308,7 @@ def test_cuda_graphs_setting_is_checked_and_resolved_per_device():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@needs_cuda
 def test_a_replayed_step_with_sampling_does_not_wait_for_the_device():
     model = gqa_model().to("cuda", torch.bfloat16).eval()
     cfg = model.config
@@ -340,7 +333,7 @@ def test_a_replayed_step_with_sampling_does_not_wait_for_the_device():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@needs_cuda
 def test_bf16_graph_logprobs_equal_a_recomputed_pass_within_bf16_tolerance():
     model = gqa_model().to("cuda", torch.bfloat16)
     core = make_core(model, "graphs", 128)
