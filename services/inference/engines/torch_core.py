@@ -9,9 +9,10 @@ sends what the step produced. The channel is a thread hand-off for the in-proces
 
 Each step is one forward over every running sequence's next token plus the prompts of newly
 admitted sequences (samples of one request share a single prefill, whose K/V is then copied
-into their sibling slots), followed by one batched sampling call. Commands are handled only
-between steps, so a cancelled request gives its slots back before the next step and a weight
-update lands atomically between two decode steps.
+into their sibling slots), followed by one batched sampling call. Steps without prompts may
+run at static shapes, replayed from CUDA graphs on CUDA (`static_decode`). Commands are
+handled only between steps, so a cancelled request gives its slots back before the next step
+and a weight update lands atomically between two decode steps.
 """
 
 from __future__ import annotations
