@@ -34,6 +34,18 @@ class InferenceConfig(Section):
     device: str = "cpu"
     """Torch device for the torch engine. Default: cpu."""
 
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """How the torch engine runs its decode steps (those without prompts): `on` at static
+    shapes, replayed from CUDA graphs captured per bucket of batch size and cached length on
+    first use; `off` eagerly at each batch's own shapes; `auto` is `on` when `device` is a
+    CUDA device and `off` otherwise. `on` needs a CUDA device. Default: auto."""
+
+    cuda_graph_batch_sizes: list[int] = []
+    """Batch-size buckets of the CUDA graphs, each from 1 to `max_batch_size` (which is always
+    one). A step runs as the smallest bucket above its highest KV-cache slot. Empty: 1, 2, 4,
+    8, then steps of a quarter of the power of two below (10, 12, 14, 16, 20, 24, ...).
+    Default: empty."""
+
     addresses: list[str] = []
     """gRPC host:port of every replica serving the live policy. Filled in by `rlrun local` and
     the operator; set it only to use replicas started by hand. Default: empty."""
@@ -70,6 +82,19 @@ class InferenceConfig(Section):
 
     vllm: VllmConfig = VllmConfig()
     """vLLM engine settings (ignored by the torch engine)."""
+
+    @model_validator(mode="after")
+    def _cuda_graphs(self) -> InferenceConfig:
+        if self.cuda_graphs == "on" and self.device.partition(":")[0] != "cuda":
+            raise ValueError(
+                f"inference.cuda_graphs = 'on' needs a CUDA inference.device, not {self.device!r}"
+            )
+        if any(not 1 <= size <= self.max_batch_size for size in self.cuda_graph_batch_sizes):
+            raise ValueError(
+                f"inference.cuda_graph_batch_sizes must lie in 1 .. inference.max_batch_size "
+                f"({self.max_batch_size}), got {self.cuda_graph_batch_sizes}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _http_tls_pair(self) -> InferenceConfig:

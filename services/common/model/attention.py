@@ -157,3 +157,42 @@ class CachedStep:
         if self.prompts is not None:
             parts.append(self.prompts(layer, q[n:], k[n:], v[n:]))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class StaticSlotStep:
+    """A decode step of static shape, as a CUDA graph needs: row r is slot r, for the first
+    `len(positions)` slots, each one token at its position attending to its slot's cache
+    up to there. Rows whose slot runs nothing are padding: they write their K/V into the
+    scratch slot (`write_slots`), which no sequence reads, and attend to position 0 only
+    (finite, and never sampled). `span` (a Python int) is how many positions are read.
+
+    Row = slot needs no gather of keys: the cache is read in place, a view. Grouped-query
+    heads fold into the query length ([rows, kv_heads, groups, dim] queries against
+    [rows, kv_heads, span, dim] keys), so no K/V is expanded either. The mask is an
+    additive bias of the cache's dtype, built once per step: SDPA's memory-efficient kernel
+    takes it as is on CUDA (flash takes no mask, and a boolean one would be converted in
+    every layer), and spans in multiples of 16 keep it aligned for that kernel."""
+
+    def __init__(self, cache: SlotKVCache, write_slots: torch.Tensor, positions: torch.Tensor, span: int):
+        self.cache = cache
+        self.rows = len(positions)
+        self.span = span
+        # Token t's K/V goes to the flattened [slots * max_len] row of (slot, position):
+        # index_copy_ on a static index, no host-side indexing.
+        self.write_index = write_slots * cache.max_len + positions
+        visible = torch.arange(span, device=positions.device)[None, :] <= positions[:, None]
+        dtype = cache.k[0].dtype
+        bias = torch.zeros(visible.shape, dtype=dtype, device=positions.device)
+        self.bias = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ck, cv = self.cache.k[layer], self.cache.v[layer]
+        ck.flatten(0, 1).index_copy_(0, self.write_index, k)
+        cv.flatten(0, 1).index_copy_(0, self.write_index, v)
+        rows, heads, dim = q.shape
+        kv_heads = k.shape[1]
+        keys = ck[:rows, : self.span].transpose(1, 2)  # views: [rows, KV, span, D]
+        values = cv[:rows, : self.span].transpose(1, 2)
+        queries = q.view(rows, kv_heads, heads // kv_heads, dim)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.bias)
+        return out.reshape(rows, heads, dim)

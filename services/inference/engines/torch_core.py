@@ -9,9 +9,10 @@ sends what the step produced. The channel is a thread hand-off for the in-proces
 
 Each step is one forward over every running sequence's next token plus the prompts of newly
 admitted sequences (samples of one request share a single prefill, whose K/V is then copied
-into their sibling slots), followed by one batched sampling call. Commands are handled only
-between steps, so a cancelled request gives its slots back before the next step and a weight
-update lands atomically between two decode steps.
+into their sibling slots), followed by one batched sampling call. Steps without prompts may
+run at static shapes, replayed from CUDA graphs on CUDA (`static_decode`). Commands are
+handled only between steps, so a cancelled request gives its slots back before the next step
+and a weight update lands atomically between two decode steps.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rlrun.inference.engines.base import (
     StreamDelta,
     TopLogprobs,
 )
+from rlrun.inference.engines.static_decode import DecodeMode, StaticDecoder
 from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
 from rlrun.inference.structured import GrammarCompiler, SampleGrammar
@@ -182,22 +184,35 @@ class TorchEngineCore:
         max_waiting: int,
         seed: int | None = None,
         grammars: GrammarCompiler | None = None,
+        decode: DecodeMode = "eager",
+        graph_batch_sizes: Sequence[int] = (),
     ):
-        """`grammars`: for requests with a `json_schema` (None: they are refused)."""
+        """`grammars`: for requests with a `json_schema` (None: they are refused). `decode`:
+        how steps without prompts run (`static_decode.DecodeMode`); `graph_batch_sizes`: the
+        row buckets of a static step (empty: `static_decode.default_batch_buckets`)."""
         self.model = model.eval().requires_grad_(False)
         parameter = next(model.parameters())
         self.device = parameter.device
         cfg = model.config
         self.max_batch_size = max_batch_size
+        static = decode != "eager"
         self.cache = SlotKVCache(
             cfg.num_layers,
-            max_batch_size,
+            max_batch_size + static,  # a static step's padding rows write into one more
             max_model_len,
             cfg.num_kv_heads,
             cfg.head_dim,
             dtype=parameter.dtype,
             device=self.device,
         )
+        self._static: StaticDecoder | None = None
+        if static:
+            self._static = StaticDecoder(
+                self.model, self.cache, capture=decode == "graphs", batch_buckets=graph_batch_sizes
+            )
+        # A static step's bucket: one past the highest slot and the furthest position of the
+        # next step's inputs, known in Python so that choosing it reads nothing back.
+        self._extent = (0, 0)
         self.tensors = broadcast_tensors(self.model)
         self.version = 0
         self.paused = False
@@ -274,7 +289,10 @@ class TorchEngineCore:
         started = time.perf_counter()
         with torch.no_grad():
             names = list(tensors)
+            # In place: the CUDA graphs of static decode steps read the parameters' storage.
             torch._foreach_copy_([self.tensors[n] for n in names], [tensors[n] for n in names])
+        if self._static is not None:
+            self._static.check_weights()
         self.version = version
         return time.perf_counter() - started
 
@@ -324,9 +342,11 @@ class TorchEngineCore:
 
     def _decode(self) -> None:
         admissions = self._scheduler.admit()
-        if admissions or self._next_inputs is None:
+        if admissions or (self._next_inputs is None and self._static is None):
             self._mixed_step(admissions)
         else:
+            if self._next_inputs is None:  # rows left the batch outside a step (cancelled)
+                self._set_next_inputs()
             self._steady_step()
 
     def _mixed_step(self, admissions: list[Admission[_Request]]) -> None:
@@ -360,33 +380,55 @@ class TorchEngineCore:
             hidden = hidden.index_select(0, torch.tensor(keep, device=self.device))
             self._fan_out_prefixes(admissions)
         tokens, logprobs, top = self._sample(self.model.lm_head(hidden))
-        self._record(tokens.tolist(), logprobs.tolist(), top)
+        self._record(*self._to_host(tokens, logprobs), top)
+        self._set_next_inputs()
+
+    def _set_next_inputs(self) -> None:
+        """The next step's inputs, from the running samples."""
         running = self._running
         self._next_inputs = None
         if running:
             self._next_tokens = torch.tensor([s.tokens[-1] for s in running], device=self.device)
+            slots = [s.slot for s in running]
+            positions = [s.next_position() for s in running]
             self._next_inputs = (
-                torch.tensor([s.slot for s in running], device=self.device),
-                torch.tensor([s.next_position() for s in running], device=self.device),
+                torch.tensor(slots, device=self.device),
+                torch.tensor(positions, device=self.device),
             )
+            self._extent = (max(slots) + 1, max(positions) + 1)
 
     def _steady_step(self) -> None:
         """A step over the sequences of the last one: every input is already a tensor. Rows
         that finish are dropped from the next step's tensors, so it stays on this path."""
         slot_ids, position_ids = self._next_inputs
-        hidden = self.model.hidden_states(
-            self._next_tokens, position_ids, self.cache.step(slot_ids, position_ids)
-        )
+        if self._static is None:
+            step = self.cache.step(slot_ids, position_ids)
+            hidden = self.model.hidden_states(self._next_tokens, position_ids, step)
+        else:
+            shape = self._static.shape(*self._extent)
+            hidden = self._static.hidden_states(self._next_tokens, slot_ids, position_ids, shape)
         tokens, logprobs, top = self._sample(self.model.lm_head(hidden))
-        kept = self._record(tokens.tolist(), logprobs.tolist(), top)
+        kept = self._record(*self._to_host(tokens, logprobs), top)
+        used, span = self._extent
         if kept is not None:
             if not kept:
                 self._next_inputs = None
                 return
             index = torch.tensor(kept, device=self.device)
             tokens, slot_ids, position_ids = tokens[index], slot_ids[index], position_ids[index]
+            running = self._running
+            used, span = max(s.slot for s in running) + 1, max(s.next_position() for s in running)
         self._next_tokens = tokens
         self._next_inputs = (slot_ids, position_ids + 1)
+        self._extent = (used, span + 1)
+
+    def _to_host(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The sampled tokens and their logprobs as lists. On an accelerator in one copy, the
+        step's only wait for the device (token ids are exact in float64, up to 2**53)."""
+        if self.device.type == "cpu":
+            return tokens.tolist(), logprobs.tolist()
+        ids, values = torch.stack((tokens.double(), logprobs.double())).tolist()
+        return [int(t) for t in ids], values
 
     def _sample(self, logits: torch.Tensor) -> Sampled:
         if self._sampler is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -18,6 +18,7 @@ from rlrun.common.config import RunConfig
 from rlrun.common.model import CausalLM, build_model
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
+from rlrun.inference.engines.static_decode import DecodeMode, decode_mode
 from rlrun.inference.engines.torch_core import (
     ApplyWeights,
     CoreOutput,
@@ -65,6 +66,8 @@ class TorchEngine(CoreClient):
         max_waiting: int,
         seed: int | None = None,
         grammars: GrammarCompiler | None = None,
+        decode: DecodeMode = "eager",
+        graph_batch_sizes: Sequence[int] = (),
     ):
         super().__init__(
             model_name=model_name,
@@ -79,6 +82,8 @@ class TorchEngine(CoreClient):
             max_waiting=max_waiting,
             seed=seed,
             grammars=grammars,
+            decode=decode,
+            graph_batch_sizes=graph_batch_sizes,
         )
         self.structured_outputs = grammars is not None
         self.model = self.core.model
@@ -134,4 +139,6 @@ def create_engine(config: RunConfig):
         max_batch_size=config.inference.max_batch_size,
         max_waiting=config.inference.max_waiting,
         grammars=model_grammars(config),
+        decode=decode_mode(config.inference.cuda_graphs, config.inference.device),
+        graph_batch_sizes=config.inference.cuda_graph_batch_sizes,
     )

@@ -47,6 +47,7 @@ from rlrun.common.model.weights import ReceivedTensors
 from rlrun.common.service import limit_threads
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
+from rlrun.inference.engines.static_decode import decode_mode
 from rlrun.inference.engines.torch_core import (
     FAILED,
     ApplyWeights,
@@ -259,6 +260,8 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
             max_batch_size=config.inference.max_batch_size,
             max_waiting=config.inference.max_waiting,
             grammars=model_grammars(config),
+            decode=decode_mode(config.inference.cuda_graphs, config.inference.device),
+            graph_batch_sizes=config.inference.cuda_graph_batch_sizes,
         )
     except Exception as error:
         frames.send(_LoadFailed(_error_text(error)))
