@@ -25,7 +25,6 @@ from starlette.exceptions import HTTPException
 from rlrun.common.aio import all_or_nothing
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.common.types import SamplingParams
 from rlrun.inference.batch_calls import primed_streams
 from rlrun.inference.engines.base import Completion, Engine, QueueFullError, StreamDelta
 from rlrun.inference.openai_protocol import (
@@ -50,6 +49,7 @@ from rlrun.inference.openai_protocol import (
     text_stop_strings,
     usage,
 )
+from rlrun.inference.params import GenerationParams
 from rlrun.inference.structured import GrammarCompiler
 from rlrun.inference.text_path import TextPath
 from rlrun.inference.tito import (
@@ -200,7 +200,7 @@ def build_openai_app(  # noqa: C901 - the routes' closure; it splits into infere
             return JSONResponse(model_not_found(model, model_id), status_code=404)
         return model_card()
 
-    def checked(body, build_prompts, max_tokens: int | None) -> list[tuple[list[int], SamplingParams]]:
+    def checked(body, build_prompts, max_tokens: int | None) -> list[tuple[list[int], GenerationParams]]:
         """Each prompt of the request with its sampling settings, checked against the model."""
         body.check_fields()
         structured = body.structured_output()
@@ -235,7 +235,9 @@ def build_openai_app(  # noqa: C901 - the routes' closure; it splits into infere
         stops = text_stop_strings(body, tokenizer)
         if not stops:
             return engine.generate
-        return lambda prompt, params: _until_stopped(engine, tokenizer, prompt, params, stop_strings(body))
+        return lambda prompt, params: _until_stopped(
+            engine, tokenizer, prompt, params, stop_strings(body), body.min_tokens
+        )
 
     async def respond(body, build_prompts, max_tokens: int | None, answer):
         """One generation endpoint: its prompts and checks, then `answer(body, requests,
@@ -404,14 +406,19 @@ async def _no_deltas() -> AsyncIterator[list[StreamDelta]]:
 
 
 async def _until_stopped(
-    engine: Engine, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, stops: list[str]
+    engine: Engine,
+    tokenizer: Tokenizer,
+    prompt: list[int],
+    params: GenerationParams,
+    stops: list[str],
+    min_tokens: int,
 ) -> list[Completion]:
     """The completions of a request whose samples end at a stop sequence the engine cannot
     see (several tokens long): its stream, watched as text, closed (so the request leaves the
     engine) once every sample has stopped or finished."""
     version_start = engine.policy_version
     samples = range(params.n)
-    texts = [TextStream(tokenizer, stops, params.min_tokens) for _ in samples]
+    texts = [TextStream(tokenizer, stops, min_tokens) for _ in samples]
     token_ids: list[list[int]] = [[] for _ in samples]
     logprobs: list[list[float]] = [[] for _ in samples]
     tops = [[] if params.top_logprobs else None for _ in samples]

@@ -66,8 +66,9 @@ from pydantic_core import PydanticCustomError
 from rlrun.common.errors import RequestError
 from rlrun.common.hermes import calls_text
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
-from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
 from rlrun.inference.engines.base import Completion, TopLogprobs
+from rlrun.inference.logits import Grammar, RequestFields, read_knobs, request_fields
+from rlrun.inference.params import MAX_TOP_LOGPROBS, GenerationParams
 from rlrun.inference.structured import schema_text
 from rlrun.inference.tool_calls import forced_tool_calls, split_tool_calls
 
@@ -132,19 +133,15 @@ class _SamplingFields(BaseModel):
     """vLLM's extension: no stop token is drawn, and no stop sequence ends a choice, before it
     has this many tokens."""
     seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    """Token id (a string, as JSON keys are) -> bias added to its logit."""
-    repetition_penalty: float | None = None
-    """vLLM's extension: divides (multiplies, where negative) the logits of the tokens in the
-    prompt or generated so far."""
+    # `logit_bias`, `presence_penalty`, `frequency_penalty`, vLLM's `repetition_penalty` and
+    # any other field a logits processor reads (`rlrun.inference.logits`) arrive as extra
+    # fields: their knobs read and check them.
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
 
     def structured_output(self) -> StructuredOutput | None:
-        """The JSON schema every choice must match (`SamplingParams.json_schema`), and the field
+        """The JSON schema every choice must match (the `json_schema` knob), and the field
         that asked for it; None when the text is free."""
         form = self.response_format
         if form is None or form.type == "text":
@@ -159,8 +156,9 @@ class _SamplingFields(BaseModel):
 
     def check_fields(self) -> None:
         """Refuses, naming it, each field that would be ignored while changing the answer."""
+        knobs = request_fields()
         for name, value in (self.model_extra or {}).items():
-            if name in LABELS:
+            if name in LABELS or name in knobs:
                 continue
             if name not in self.unsupported:
                 raise RequestError(name, f"unrecognized request argument: {name}")
@@ -461,39 +459,26 @@ def sampling_params(
     max_model_len: int,
     max_tokens: int | None,
     json_schema: str | None = None,
-) -> SamplingParams:
+) -> GenerationParams:
     """The engine's settings for a request; `max_tokens` None means the rest of the context;
     `json_schema`: the request's `structured_output`, checked once per request by the caller."""
     if request.top_k < 0:
         raise RequestError("top_k", f"top_k must be >= 0, got {request.top_k}")
-    return SamplingParams(
+    knobs = read_knobs(RequestFields(dict(request)))
+    if json_schema is not None:
+        knobs[Grammar.name] = json_schema
+    return GenerationParams(
         max_tokens=max_tokens if max_tokens is not None else max_model_len - prompt_len,
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
         min_p=request.min_p,
         stop_token_ids=_stop_token_ids(request, tokenizer),
-        min_tokens=request.min_tokens,
         seed=request.seed,
         n=request.samples_per_prompt(),
         top_logprobs=request.top_logprobs_count(),
-        presence_penalty=request.presence_penalty or 0.0,
-        frequency_penalty=request.frequency_penalty or 0.0,
-        logit_bias=_logit_bias(request),
-        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-        json_schema=json_schema,
+        knobs=knobs,
     )
-
-
-def _logit_bias(request: _SamplingFields) -> dict[int, float]:
-    bias = {}
-    for key, value in (request.logit_bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise RequestError("logit_bias", f"logit_bias keys must be token ids, got {key!r}") from None
-        bias[token] = value
-    return bias
 
 
 Prompts = list[tuple[str, list[int]]]

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlrun.common.errors import RequestError, describe_validation_error
 from rlrun.common.tokenizer import HFTokenizer, Tokenizer
-from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
 from rlrun.inference.engines.base import Completion, Engine
+from rlrun.inference.logits import RequestFields, read_knobs
 from rlrun.inference.openai_protocol import (
     ChatCompletionRequest,
     ChatMessageIn,
@@ -43,6 +43,7 @@ from rlrun.inference.openai_protocol import (
     check_context,
     usage,
 )
+from rlrun.inference.params import MAX_TOP_LOGPROBS, GenerationParams
 from rlrun.inference.text_path import TextPath
 from rlrun.inference.validation import check_generate
 
@@ -171,7 +172,7 @@ class TokensServing:
         if model is not None and model != self.model_id:
             raise ModelNotFound(model, self.model_id)
 
-    def sampling(self, request: GenerateRequest) -> SamplingParams:
+    def sampling(self, request: GenerateRequest) -> GenerationParams:
         """The engine's settings for a request, checked against the context and the model."""
         sp = request.sampling_params
         sp.refuse_unsupported()
@@ -194,21 +195,17 @@ class TokensServing:
             stops += ids
         if not sp.ignore_eos:
             stops.append(self.tokenizer.eos_token_id)
-        params = SamplingParams(
+        params = GenerationParams(
             max_tokens=max_tokens,
             temperature=sp.temperature,
             top_p=sp.top_p,
             top_k=max(sp.top_k, 0),
             min_p=sp.min_p,
             stop_token_ids=list(dict.fromkeys(stops)),
-            min_tokens=sp.min_tokens,
             seed=sp.seed,
             n=sp.n,
             top_logprobs=sp.logprobs or 0,
-            presence_penalty=sp.presence_penalty,
-            frequency_penalty=sp.frequency_penalty,
-            logit_bias=dict(sp.logit_bias or {}),
-            repetition_penalty=sp.repetition_penalty,
+            knobs=read_knobs(RequestFields(dict(sp), "sampling_params")),
         )
         check_generate(
             prompt,

@@ -72,11 +72,15 @@ def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
     )
     request.check_fields()
     params = sampling_params(request, tokenizer, 3, 32, 4)
-    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.3)
-    assert params.logit_bias == {5: 100.0, 17: -2.5}
+    penalties = params.knobs["penalties"]
+    assert (penalties.presence_penalty, penalties.frequency_penalty, penalties.repetition_penalty) == (
+        0.5,
+        -1.0,
+        1.3,
+    )
+    assert params.knobs["logit_bias"] == {5: 100.0, 17: -2.5}
     unset = sampling_params(CompletionRequest(prompt="abc", presence_penalty=None), tokenizer, 3, 32, 4)
-    assert (unset.presence_penalty, unset.frequency_penalty, unset.logit_bias) == (0.0, 0.0, {})
-    assert unset.repetition_penalty == 1.0
+    assert unset.knobs == {}  # no knob: the engine's logits are the model's own
 
 
 @pytest.mark.parametrize(
@@ -137,7 +141,7 @@ def test_min_tokens_masks_the_stop_tokens_and_leaves_every_stop_sequence_to_the_
     params = sampling_params(request, tokenizer, 3, 32, 4)
     # vLLM masks the end token and stop_token_ids only: "z" may be drawn, it just cannot end
     # the text before min_tokens, so the text watches it.
-    assert params.min_tokens == 3 and params.stop_token_ids == sorted({7, tokenizer.eos_token_id})
+    assert params.knobs["min_tokens"] == 3 and params.stop_token_ids == sorted({7, tokenizer.eos_token_id})
     assert text_stop_strings(request, tokenizer) == ["xy", "z"]
     for bad in (-1, 5):
         with pytest.raises(RequestError) as caught:
