@@ -5,8 +5,8 @@ Adding a knob is one module here (a `LogitsProcessor` subclass: its `name`, the 
 `fields` it reads, `read`, `check`, `create`, `apply`, and where needed `prepare`, `record`,
 `ends`, `vllm_kwargs`) and one line: `register(TheKnob)`. The request models, the engines and
 the sampler ask the registry; none of them names a knob. A knob registered outside this
-package must be registered in the engine's process too (`inference.engine_process`: import
-its module where the engine core runs)."""
+package must be registered where the engine core runs too: the torch engine's process is
+spawned, and knows only the knobs of the modules it imports."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from rlrun.inference.engines.torch_core import Submit
 from rlrun.inference.engines.torch_engine import TorchEngine
 from rlrun.inference.logits import PROCESSORS, History, LogitsProcessor, RequestFields, register
 from rlrun.inference.logits.base import token_mask
-from rlrun.inference.openai_app import build_openai_app
+from rlrun.inference.openai.app import build_openai_app
 from rlrun.inference.params import GenerationParams
 
 from .conftest import MAX_MODEL_LEN, REPO

@@ -6,7 +6,7 @@ verifiers' train client (the `renderers` package's `generate()`) calls: it rende
 itself, posts the ids, and reads `max_model_len` from `/v1/models`.
 
 Pure of HTTP: `TokensServing` takes the request models and answers dicts; the routes are in
-`openai_app`. Text in and out reuse the gRPC text path (`TextPath`): `/tokenize` of a prompt is
+`app`. Text in and out reuse the gRPC text path (`TextPath`): `/tokenize` of a prompt is
 its `tokenize`, `/detokenize` its `detokenize`; a chat is rendered as `/v1/chat/completions`
 renders it (`chat_prompts`).
 
@@ -35,27 +35,16 @@ from rlrun.common.errors import RequestError, describe_validation_error
 from rlrun.common.tokenizer import HFTokenizer, Tokenizer
 from rlrun.inference.engines.base import Completion, Engine
 from rlrun.inference.logits import RequestFields, read_knobs
-from rlrun.inference.openai_protocol import (
-    ChatCompletionRequest,
-    ChatMessageIn,
-    ToolIn,
-    chat_prompts,
-    check_context,
-    usage,
-)
+from rlrun.inference.openai.prompts import chat_prompts
+from rlrun.inference.openai.protocol import ChatCompletionRequest, ChatMessageIn, ModelNotFound, ToolIn
+from rlrun.inference.openai.request_params import check_context
+from rlrun.inference.openai.responses import usage
 from rlrun.inference.params import MAX_TOP_LOGPROBS, GenerationParams
 from rlrun.inference.text_path import TextPath
 from rlrun.inference.validation import check_generate
 
 LOWEST_LOGPROB = -9999.0
 """vLLM's floor for a logprob in JSON."""
-
-
-class ModelNotFound(Exception):
-    def __init__(self, model: str, served: str):
-        super().__init__(model)
-        self.model = model
-        self.served = served
 
 
 class VllmSamplingParams(BaseModel):
