@@ -19,9 +19,11 @@ Semantics against the torch engine:
   own, with its llguidance backend and the torch engine's compact JSON (the schema carries
   llguidance's options). vLLM compiles grammars over its tokenizer, so it loads the
   checkpoint's (`loads_tokenizer`); with a char tokenizer file it runs without one and
-  refuses them. Its masks are the torch
-  engine's, but a sample ends with the end token the completed value leaves as the only
-  choice, where the torch engine ends it with the value's last token.
+  refuses them. Its masks are the torch engine's, but a sample ends with the end token the
+  completed value leaves as the only choice, where the torch engine ends it with the value's
+  last token.
+- Every other logits processor's knob is mapped by the processor itself
+  (`LogitsProcessor.vllm_kwargs`); one vLLM has no equivalent of is a RequestError.
 - Weight updates run inside vLLM's workers through `collective_rpc`, which the engine core
   executes between two scheduler steps; the prefix cache is reset afterwards so no new request
   reuses K/V computed under the old weights. See `vllm_worker` for the NCCL path.

@@ -55,18 +55,6 @@ class RequestFields:
             raise RequestError(self.field(name), f"{self.field(name)} must be an integer, got {value!r}")
         return value
 
-    def token_ids(self, name: str) -> list[int] | None:
-        value = self.values.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in value
-        ):
-            raise RequestError(
-                self.field(name), f"{self.field(name)} must be a list of token ids, got {value!r}"
-            )
-        return value
-
 
 @dataclass(frozen=True)
 class EngineResources:

@@ -17,6 +17,7 @@ from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.inference.engines.torch_core import Submit
 from rlrun.inference.engines.torch_engine import TorchEngine
+from rlrun.inference.engines.vllm_engine import sampling_kwargs
 from rlrun.inference.logits import PROCESSORS, History, LogitsProcessor, RequestFields, register
 from rlrun.inference.logits.base import token_mask
 from rlrun.inference.openai.app import build_openai_app
@@ -40,7 +41,13 @@ class BannedTokens(LogitsProcessor):
 
     @classmethod
     def read(cls, fields: RequestFields) -> tuple[int, ...] | None:
-        return tuple(fields.token_ids("banned_token_ids") or ()) or None
+        value = fields.values.get("banned_token_ids")
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(type(token) is int for token in value):
+            field = fields.field("banned_token_ids")
+            raise RequestError(field, f"{field} must be a list of token ids, got {value!r}")
+        return tuple(value) or None
 
     @classmethod
     def check(cls, settings, params, where: str, vocab_size: int | None) -> None:
@@ -135,6 +142,14 @@ async def test_a_knob_nobody_registered_is_an_unrecognized_field(client):
         )
     assert caught.value.body["param"] == "banned_token_ids"
     assert "unrecognized" in caught.value.body["message"]
+
+
+def test_vllm_refuses_a_knob_it_has_no_equivalent_of(banned_knob):
+    params = GenerationParams(max_tokens=4, knobs={"banned_token_ids": (3,)})
+    with pytest.raises(RequestError) as caught:
+        sampling_kwargs(params)
+    assert caught.value.field == "banned_token_ids"
+    assert "banned_token_ids" not in sampling_kwargs(GenerationParams(max_tokens=4))
 
 
 def test_knobs_cross_to_the_engine_process_as_they_are():
