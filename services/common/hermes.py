@@ -7,7 +7,7 @@ vLLM's `hermes` parser reads. A model offered tools writes each call as
 
 Here: how a conversation shows tools and earlier calls to a model whose tokenizer has no chat
 template of its own (the char tokenizer). Reading calls out of answers is the inference
-service's (`rlrun.inference.tool_calls`).
+service's (`rlrun.inference.openai.tool_calls`).
 """
 
 from __future__ import annotations

@@ -33,68 +33,21 @@ def _finite(values, where: str) -> None:
             raise WireError(f"{where}[{i}]", f"{where}[{i}] is {v}, not a finite number")
 
 
-MAX_TOP_LOGPROBS = 20
-"""The most alternatives a request may ask for per position (OpenAI's limit)."""
-MAX_PENALTY = 2.0
-"""presence_penalty and frequency_penalty lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)."""
-MAX_LOGIT_BIAS = 100.0
-"""A logit_bias value lies in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (OpenAI's range)."""
-
-
 @dataclass
 class SamplingParams:
+    """The sampling settings of the proto's SamplingParams (rlrun/v1/sampling.proto): what
+    training asks. The OpenAI-compatible API's own (min_p, logprobs, penalties, logit bias,
+    structured outputs, ...) live in the inference service: `rlrun.inference.params`."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    min_p: float = 0.0
-    """vLLM's: tokens less likely than min_p times the most likely one (after temperature) are
-    never drawn, before top-k and top-p (0: off). Set by the OpenAI-compatible API only."""
     stop_token_ids: list[int] = field(default_factory=list)
-    min_tokens: int = 0
-    """vLLM's: the stop tokens cannot be drawn before a sample has generated this many tokens
-    (they are masked out of the distribution sampled from, so the logprobs exclude them).
-    Set by the OpenAI-compatible API only."""
     seed: int | None = None
     n: int = 1
-    top_logprobs: int = 0
-    """How many of the most likely tokens to report, with their logprobs, at each generated
-    position (at most MAX_TOP_LOGPROBS). Set by the OpenAI-compatible API; the gRPC
-    SamplingParams has no such field, since training needs the sampled token's logprob only."""
-    presence_penalty: float = 0.0
-    """Subtracted from the logit of every token the sample has generated so far."""
-    frequency_penalty: float = 0.0
-    """Subtracted from a token's logit once per time the sample has generated it so far."""
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    """Added to the logits of these token ids."""
-    repetition_penalty: float = 1.0
-    """vLLM's and transformers': the logit of every token in the prompt or generated so far
-    is divided by it where positive, multiplied by it where negative (1: no penalty).
 
-    These four change the logits before temperature (the bias, then this, then the presence
-    and frequency penalties, as vLLM applies them), so the
-    distribution sampled from (and the logprobs returned) is no longer the model's; they are
-    set by the OpenAI-compatible API only. The gRPC SamplingParams has no such fields: the
-    trainer recomputes the model's own distribution, and tokens sampled from another would
-    only be masked as off-policy."""
-    json_schema: str | None = None
-    """A JSON schema (JSON text) the sample's text must match: it may draw only the tokens
-    that keep its text a prefix of such a value, and ends with the one that completes it
-    (`rlrun.inference.structured`). Set by the OpenAI-compatible API only, like the four above."""
-
-    @property
-    def adjusts_logits(self) -> bool:
-        """Whether the logits are biased, penalised or masked before temperature (a
-        `json_schema` masks them too, but per sample: `SampleGrammar`)."""
-        return bool(
-            self.logit_bias
-            or self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1
-            or (self.min_tokens and self.stop_token_ids)
-        )
-
-    def validate(  # noqa: C901 - one flat check per field; the OpenAI knobs' checks leave with them (issue 31 item 3)
+    def validate(
         self,
         where: str = "sampling",
         *,
@@ -117,16 +70,9 @@ class SamplingParams:
             raise WireError(f"{where}.top_p", f"{where}.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise WireError(f"{where}.top_k", f"{where}.top_k must be >= 0, got {self.top_k}")
-        if not (0 <= self.min_p <= 1):
-            raise WireError(f"{where}.min_p", f"{where}.min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens <= 0:
             raise WireError(
                 f"{where}.max_tokens", f"{where}.max_tokens must be positive, got {self.max_tokens}"
-            )
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise WireError(
-                f"{where}.min_tokens",
-                f"{where}.min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}",
             )
         if self.n < 1:
             raise WireError(f"{where}.n", f"{where}.n must be >= 1, got {self.n}")
@@ -136,35 +82,6 @@ class SamplingParams:
                 f"{where}.{samples_field} = {self.n} is more samples than this server can ever queue "
                 f"({max_samples}, inference.max_waiting)",
             )
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise WireError(
-                f"{where}.top_logprobs",
-                f"{where}.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
-            )
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
-                raise WireError(
-                    f"{where}.{name}",
-                    f"{where}.{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}",
-                )
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise WireError(
-                f"{where}.repetition_penalty",
-                f"{where}.repetition_penalty must be a finite number > 0, got {self.repetition_penalty}",
-            )
-        for token, bias in self.logit_bias.items():
-            if vocab_size is not None and not 0 <= token < vocab_size:
-                raise WireError(
-                    f"{where}.logit_bias",
-                    f"{where}.logit_bias has token id {token}, outside the vocabulary [0, {vocab_size})",
-                )
-            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
-                raise WireError(
-                    f"{where}.logit_bias",
-                    f"{where}.logit_bias of token {token} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], "
-                    f"got {bias}",
-                )
         if vocab_size is not None:
             for i, tok in enumerate(self.stop_token_ids):
                 if not 0 <= tok < vocab_size:

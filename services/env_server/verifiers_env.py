@@ -240,8 +240,6 @@ def _sampling(vf: Any, target: PlanTarget) -> Any:
     extra: dict[str, Any] = {}
     if s.top_k:
         extra["top_k"] = s.top_k
-    if s.min_p:
-        extra["min_p"] = s.min_p
     if s.seed is not None:
         extra["seed"] = s.seed
     return vf.SamplingConfig(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, **extra)

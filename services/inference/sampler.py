@@ -1,8 +1,9 @@
 """Batched sampling over one decode step's logits, with per-row settings.
 
-Order, as in vLLM: the logit bias, the repetition penalty, the presence and frequency
-penalties, the mask of a row's grammar (these five from the OpenAI-compatible API only, each
-a logits processor: `rlrun.inference.logits`), then temperature, then min-p,
+Order, as in vLLM: the logits processors of the rows that use them, in the order registered
+(the logit bias, the min_tokens mask, the repetition, presence and frequency penalties, the
+mask of a row's grammar: OpenAI-compatible API only, `rlrun.inference.logits`), then
+temperature, then min-p,
 then top-k, then top-p over what they kept. The logprob returned for a sampled token is its
 logprob under the distribution it was drawn from: log softmax(logits' / T) with logits' the
 biased and penalised logits, renormalised over the tokens min-p/top-k/top-p kept (what vLLM
@@ -18,31 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from rlrun.inference.logits import PROCESSORS, History, LogitsProcessor
-
-if TYPE_CHECKING:
-    from rlrun.inference.structured import SampleGrammar
-
-
-@dataclass(frozen=True)
-class LogitAdjustments:
-    """What a row changes in its logits before temperature (OpenAI's API only)."""
-
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    """Masked out until the row has generated `min_tokens` tokens."""
-
-    @property
-    def penalised(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+from rlrun.inference.logits.base import RowState
 
 
 @dataclass(frozen=True)
@@ -57,10 +39,10 @@ class RowSettings:
     """Seeded requests draw from their own generator; others from the engine's."""
     top_logprobs: int = 0
     """How many of the most likely tokens to report with their logprobs."""
-    adjustments: LogitAdjustments | None = None
-    """None for the model's own logits, as training asks."""
-    grammar: SampleGrammar | None = None
-    """The sample's place in the grammar its text must follow (its own, like `generator`)."""
+    knobs: Mapping[str, RowState] = field(default_factory=dict)
+    """Its state of each logits processor it uses, by name (`LogitsProcessor.prepare`; a
+    grammar's is the sample's own, like `generator`). Empty for the model's own logits, as
+    training asks."""
 
 
 class Sampled(NamedTuple):
@@ -102,11 +84,11 @@ class BatchSampler:
                 self.min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=device)
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
         self.top_logprobs = max((r.top_logprobs for r in rows), default=0)
-        adjusting = any(r.adjustments is not None or r.grammar is not None for r in rows)
+        adjusting = any(r.knobs for r in rows)
         self.processors: list[LogitsProcessor] = []
         if adjusting:
-            for cls in PROCESSORS:
-                users = [(i, r) for i, r in enumerate(rows) if cls.uses(r)]
+            for name, cls in PROCESSORS.items():
+                users = [(i, r.knobs[name]) for i, r in enumerate(rows) if name in r.knobs]
                 if users and (processor := cls.create(users, device, history)) is not None:
                     self.processors.append(processor)
         self.rows_alike: RowSettings | None = None

@@ -20,7 +20,7 @@ from rlrun.common.tokenizer_info import load_with_info
 from rlrun.inference.engines import create_engine
 from rlrun.inference.engines.base import Engine
 from rlrun.inference.http_server import HttpServer, http_security
-from rlrun.inference.openai_app import build_openai_app
+from rlrun.inference.openai.app import build_openai_app
 from rlrun.inference.servicer import InferenceServicer
 from rlrun.inference.text_path import TextPath
 from rlrun.v1 import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc

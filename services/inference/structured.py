@@ -8,7 +8,7 @@ compact, as `json.dumps` writes it (", " and ": " between items, no other whites
 model may not pad it with whitespace until it runs out of tokens.
 
 The OpenAI-compatible API asks for it with `response_format` (json_object, json_schema) and
-with `tool_choice` "required" or a named function; `SamplingParams.json_schema` carries the
+with `tool_choice` "required" or a named function; the `json_schema` knob carries the
 schema to the engine. The grammar is compiled once per request here, in the front end (a bad
 schema is a 400 naming its field), and once per sample in the engine, whose sampler masks
 the logits of constrained rows (`SampleGrammar`).
@@ -50,7 +50,7 @@ _SPECIAL = b"\xff"
 
 
 def schema_text(schema: Any, field: str) -> str:
-    """A JSON schema (an object) as the text `SamplingParams.json_schema` carries, checked: a
+    """A JSON schema (an object) as the text the `json_schema` knob carries, checked: a
     schema llguidance cannot compile is a RequestError naming `field`."""
     if not isinstance(schema, dict):
         raise RequestError(field, f"{field} must be a JSON schema (an object), got {json.dumps(schema)}")

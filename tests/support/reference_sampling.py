@@ -6,13 +6,20 @@ import torch
 
 def adjusted_logits(logits: torch.Tensor, prompt: list[int], completion: list[int], params) -> torch.Tensor:
     """`logits` [len(completion), V], the model's for each completion token, as the request's
-    `params` (a SamplingParams) adjusted them: plus its logit bias, its stop tokens at -inf
+    `params` (a GenerationParams) adjusted them: plus its logit bias, its stop tokens at -inf
     before min_tokens, then its repetition penalty over the prompt and the tokens generated
     before that one, less its presence and frequency penalties over those generated."""
+    knobs = params.knobs
+    penalties = knobs.get("penalties")
+    presence, frequency, repetition = (
+        (0.0, 0.0, 1.0)
+        if penalties is None
+        else (penalties.presence_penalty, penalties.frequency_penalty, penalties.repetition_penalty)
+    )
     logits = logits.float().clone()
-    for token, bias in params.logit_bias.items():
+    for token, bias in knobs.get("logit_bias", {}).items():
         logits[:, token] += bias
-    for position in range(min(params.min_tokens, len(completion))):
+    for position in range(min(knobs.get("min_tokens", 0), len(completion))):
         logits[position, params.stop_token_ids] = float("-inf")
     counts = torch.zeros(logits.shape[-1])
     in_prompt = torch.zeros(logits.shape[-1], dtype=torch.bool)
@@ -20,9 +27,9 @@ def adjusted_logits(logits: torch.Tensor, prompt: list[int], completion: list[in
     for position, token in enumerate(completion):
         seen = in_prompt | (counts > 0)
         row = logits[position]
-        factor = torch.where(row > 0, 1 / params.repetition_penalty, params.repetition_penalty)
+        factor = torch.where(row > 0, 1 / repetition, repetition)
         logits[position] = torch.where(seen, row * factor, row)
-        logits[position] -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+        logits[position] -= counts * frequency + (counts > 0) * presence
         counts[token] += 1
     return logits
 

@@ -97,7 +97,7 @@ class Engine(ABC):
     ever hold (`inference.max_waiting`); None: no such bound. A request for more is refused
     as bad input, not as a full queue, since no retry could succeed."""
     structured_outputs: bool = False
-    """Whether it follows `SamplingParams.json_schema` (the OpenAI API refuses it otherwise)."""
+    """Whether it follows the `json_schema` knob (the OpenAI API refuses it otherwise)."""
     on_dead: Callable[[Exception], None] | None = None
     """Called once if the engine dies without being asked to stop (its thread or process is
     gone); the service then stops, so that the replica is restarted."""
@@ -118,7 +118,8 @@ class Engine(ABC):
     async def generate(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
     ) -> list[Completion]:
-        """`params.n` completions of `prompt`. Cancelling the awaiting task frees the request's
+        """`params.n` completions of `prompt` (`params` may be `GenerationParams`, with the
+        OpenAI API's own settings). Cancelling the awaiting task frees the request's
         batch slots at the next step boundary."""
 
     @abstractmethod

@@ -41,9 +41,11 @@ from rlrun.inference.engines.base import (
     TopLogprobs,
 )
 from rlrun.inference.engines.static_decode import DecodeMode, StaticDecoder
-from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, Sampled
+from rlrun.inference.logits import EngineResources, RowState, prepare_knobs, sample_ends
+from rlrun.inference.params import GenerationParams
+from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
-from rlrun.inference.structured import GrammarCompiler, SampleGrammar
+from rlrun.inference.structured import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -144,14 +146,14 @@ class CoreChannel(Protocol):
 class _Request:
     rid: int
     prompt: list[int]
-    params: SamplingParams
+    params: GenerationParams
     arrival: float
     streaming: bool
     completions: list[Completion | None]
     unfinished: int
     running_samples: int = 0
-    grammars: list[SampleGrammar] | None = None
-    """Each sample's, with `params.json_schema`."""
+    knobs: dict[str, Sequence[RowState]] = field(default_factory=dict)
+    """Each logits processor's state of each sample (`prepare_knobs`), by name."""
 
 
 @dataclass(eq=False)
@@ -259,7 +261,7 @@ class TorchEngineCore:
             raise TypeError(f"unknown engine command {command!r}")
 
     def _submit(self, command: Submit) -> None:
-        params = command.params
+        params = GenerationParams.of(command.params)
         request = _Request(
             rid=command.rid,
             prompt=command.prompt,
@@ -270,18 +272,13 @@ class TorchEngineCore:
             unfinished=params.n,
         )
         try:
-            if params.json_schema is not None:
-                request.grammars = self._sample_grammars(params)
+            if params.knobs:
+                request.knobs = prepare_knobs(params, EngineResources(self._grammars))
             self._scheduler.enqueue(request, params.n)
         except (QueueFullError, RequestError) as error:
             self._events.append((FAILED, command.rid, error))
             return
         self._requests[command.rid] = request
-
-    def _sample_grammars(self, params: SamplingParams) -> list[SampleGrammar]:
-        if self._grammars is None:
-            raise RequestError("json_schema", "this engine has no tokenizer to follow a json_schema with")
-        return [self._grammars.sample_grammar(params.json_schema) for _ in range(params.n)]
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Copies an update (checked by `CoreClient.update_weights`, its version by the
@@ -446,16 +443,6 @@ class TorchEngineCore:
         if request.running_samples == 0:
             self._running_requests += 1
         request.running_samples += len(admission.slots)
-        adjustments = None
-        if params.adjusts_logits:
-            adjustments = LogitAdjustments(
-                params.logit_bias,
-                params.presence_penalty,
-                params.frequency_penalty,
-                params.repetition_penalty,
-                params.min_tokens,
-                tuple(params.stop_token_ids),
-            )
         samples = []
         for offset, slot in enumerate(admission.slots):
             index = admission.first_index + offset
@@ -470,8 +457,7 @@ class TorchEngineCore:
                 min_p=params.min_p,
                 generator=generator,
                 top_logprobs=params.top_logprobs,
-                adjustments=adjustments,
-                grammar=None if request.grammars is None else request.grammars[index],
+                knobs={name: states[index] for name, states in request.knobs.items()},
             )
             samples.append(
                 _Sample(
@@ -518,8 +504,8 @@ class TorchEngineCore:
             sample_tokens.append(token)
             sample.logprobs.append(logprob)
             reason: FinishReason | None = None
-            grammar = sample.settings.grammar
-            if token in sample.stop_ids or (grammar is not None and grammar.accept(token)):
+            knobs = sample.settings.knobs
+            if token in sample.stop_ids or (knobs and sample_ends(knobs, token)):
                 reason = "stop"
             elif len(sample_tokens) >= sample.max_tokens:
                 reason = "length"

@@ -15,12 +15,15 @@ Semantics against the torch engine:
 - `policy_version_start` is the version when the request was submitted (vLLM reports no
   per-token timing here): a conservative bound for staleness checks.
 - Score runs at temperature 1 only (vLLM's prompt logprobs are raw).
-- Structured outputs (`SamplingParams.json_schema`) use vLLM's own, with its llguidance
-  backend and the torch engine's compact JSON (the schema carries llguidance's options). vLLM
-  compiles grammars over its tokenizer, so it loads the checkpoint's (`loads_tokenizer`);
-  with a char tokenizer file it runs without one and refuses them. Its masks are the torch
-  engine's, but a sample ends with the end token the completed value leaves as the only
-  choice, where the torch engine ends it with the value's last token.
+- Structured outputs (the `json_schema` knob, `rlrun.inference.logits.grammar`) use vLLM's
+  own, with its llguidance backend and the torch engine's compact JSON (the schema carries
+  llguidance's options). vLLM compiles grammars over its tokenizer, so it loads the
+  checkpoint's (`loads_tokenizer`); with a char tokenizer file it runs without one and
+  refuses them. Its masks are the torch engine's, but a sample ends with the end token the
+  completed value leaves as the only choice, where the torch engine ends it with the value's
+  last token.
+- Every other logits processor's knob is mapped by the processor itself
+  (`LogitsProcessor.vllm_kwargs`); one vLLM has no equivalent of is a RequestError.
 - Weight updates run inside vLLM's workers through `collective_rpc`, which the engine core
   executes between two scheduler steps; the prefix cache is reset afterwards so no new request
   reuses K/V computed under the old weights. See `vllm_worker` for the NCCL path.
@@ -29,7 +32,6 @@ Semantics against the torch engine:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -55,7 +57,8 @@ from rlrun.inference.engines.base import (
     StreamDelta,
     TopLogprobs,
 )
-from rlrun.inference.structured import COMPACT_JSON
+from rlrun.inference.logits import vllm_kwargs
+from rlrun.inference.params import GenerationParams
 from rlrun.inference.throughput import ThroughputMeter
 from rlrun.v1 import weights_pb2
 
@@ -124,13 +127,11 @@ def engine_args(config: RunConfig, model_dir: Path) -> dict[str, Any]:
 
 def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     """Keyword arguments of vllm.SamplingParams (the output kind is added by the caller;
-    `structured_outputs`, when there, as the keyword arguments of its StructuredOutputsParams)."""
-    constrained = {}
-    if params.json_schema is not None:
-        schema = json.loads(params.json_schema) | {"x-guidance": COMPACT_JSON}
-        constrained = {"structured_outputs": {"json": schema}}
+    `structured_outputs`, when there, as the keyword arguments of its StructuredOutputsParams).
+    Each logits processor says how vLLM spells its knob (`LogitsProcessor.vllm_kwargs`)."""
+    params = GenerationParams.of(params)
     return {
-        **constrained,
+        **vllm_kwargs(params.knobs),
         "n": params.n,
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -138,13 +139,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "min_p": params.min_p,
         "max_tokens": params.max_tokens,
         "stop_token_ids": list(params.stop_token_ids),
-        "min_tokens": params.min_tokens,
         "ignore_eos": True,
         "seed": params.seed,
-        "presence_penalty": params.presence_penalty,
-        "frequency_penalty": params.frequency_penalty,
-        "logit_bias": dict(params.logit_bias) or None,
-        "repetition_penalty": params.repetition_penalty,
         # The sampled token's logprob, and the most likely tokens' where the request asks.
         "logprobs": params.top_logprobs,
         "detokenize": False,
@@ -345,6 +341,7 @@ class VllmEngine(Engine):
     async def generate(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
     ) -> list[Completion]:
+        params = GenerationParams.of(params)
         vllm_prompt, vllm_params, unique_id = self._request(prompt, params, request_id, delta=False)
         version_start = self._version
         started = self._started(prompt, params)
@@ -368,6 +365,7 @@ class VllmEngine(Engine):
     async def stream(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
     ) -> AsyncIterator[list[StreamDelta]]:
+        params = GenerationParams.of(params)
         vllm_prompt, vllm_params, unique_id = self._request(prompt, params, request_id, delta=True)
         started = self._started(prompt, params)
         reasons: list[str] = []

@@ -1,13 +1,30 @@
-"""`min_tokens`: a row's stop tokens are masked out until it has generated that many."""
+"""vLLM's `min_tokens`: a row's stop tokens are masked out until it has generated that many
+(so the logprobs exclude them). The OpenAI app also holds off its stop sequences meanwhile."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-from rlrun.inference.logits.base import History, LogitsProcessor, Rows, knobs, token_mask
+from rlrun.common.errors import RequestError
+from rlrun.inference.logits.base import (
+    EngineResources,
+    History,
+    LogitsProcessor,
+    RequestFields,
+    needs_history,
+    token_mask,
+)
 
 
 class MinTokens(LogitsProcessor):
+    """Settings: the count; row state: (the count, the request's stop tokens)."""
+
+    name = "min_tokens"
+    fields = ("min_tokens",)
+
     def __init__(self, held: torch.Tensor, stops: list[tuple[int, ...]], tokens_left: torch.Tensor):
         self.held = held
         """The rows whose stop tokens are masked out for now."""
@@ -15,22 +32,46 @@ class MinTokens(LogitsProcessor):
         self._mask: torch.Tensor | None = None
         self._tokens_left = tokens_left
 
-    @staticmethod
-    def uses(row) -> bool:
-        a = row.adjustments
-        return a is not None and bool(a.min_tokens) and bool(a.stop_token_ids)
+    @classmethod
+    def read(cls, fields: RequestFields) -> int | None:
+        return fields.integer("min_tokens") or None
 
     @classmethod
-    def create(cls, rows: Rows, device: torch.device | str, history: History | None) -> MinTokens | None:
-        if history is None:
-            raise ValueError("penalised and min_tokens rows need their history")
-        held = [(row, knobs(r)) for row, r in rows if knobs(r).min_tokens > len(history(row)[1])]
+    def check(cls, settings: int, params: Any, where: str, vocab_size: int | None) -> None:
+        if not 0 <= settings <= params.max_tokens:
+            raise RequestError(
+                f"{where}.min_tokens",
+                f"{where}.min_tokens must be in [0, max_tokens = {params.max_tokens}], got {settings}",
+            )
+
+    @classmethod
+    def vllm_kwargs(cls, settings: int | None) -> dict[str, Any]:
+        return {"min_tokens": settings or 0}
+
+    @classmethod
+    def prepare(
+        cls, settings: int, params: Any, resources: EngineResources
+    ) -> list[tuple[int, tuple[int, ...]]] | None:
+        if not params.stop_token_ids:
+            return None
+        return [(settings, tuple(params.stop_token_ids))] * params.n
+
+    @classmethod
+    def create(
+        cls,
+        rows: Sequence[tuple[int, tuple[int, tuple[int, ...]]]],
+        device: torch.device | str,
+        history: History | None,
+    ) -> MinTokens | None:
+        generated = needs_history(history)
+        held = [(row, count - len(generated(row)[1]), stops) for row, (count, stops) in rows]
+        held = [entry for entry in held if entry[1] > 0]
         if not held:
             return None
         return cls(
-            torch.tensor([row for row, _ in held], device=device),
-            [a.stop_token_ids for _, a in held],
-            torch.tensor([a.min_tokens - len(history(row)[1]) for row, a in held], device=device),
+            torch.tensor([row for row, _, _ in held], device=device),
+            [stops for _, _, stops in held],
+            torch.tensor([left for _, left, _ in held], device=device),
         )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:

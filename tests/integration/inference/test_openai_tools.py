@@ -13,7 +13,7 @@ from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import Completion, Engine, StreamDelta
-from rlrun.inference.openai_app import build_openai_app
+from rlrun.inference.openai.app import build_openai_app
 
 from .conftest import REPO
 

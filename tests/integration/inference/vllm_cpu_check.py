@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # the shared test helpers
 from byte_level import byte_level_tokenizer  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from knobs import knobbed  # noqa: E402
 from reference_sampling import adjusted_logits, grammar_masked_logits  # noqa: E402
 
 from rlrun.bench.services import free_port, start_service, stop_service
@@ -110,7 +111,7 @@ async def check(output_dir: Path, family: str) -> dict:
             prompt, SamplingParams(max_tokens=12, temperature=0.8, n=3, stop_token_ids=[1])
         )
         [greedy] = await engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))
-        adjusted = SamplingParams(
+        adjusted = knobbed(
             max_tokens=12,
             temperature=0.0,
             presence_penalty=0.6,
@@ -119,15 +120,13 @@ async def check(output_dir: Path, family: str) -> dict:
             logit_bias={greedy.token_ids[0]: -3.0, 70: 1.5},
         )
         [penalised] = await engine.generate(prompt, adjusted)
-        only_top = await engine.generate(
-            prompt, SamplingParams(max_tokens=12, temperature=1.0, min_p=1.0, n=2)
-        )
+        only_top = await engine.generate(prompt, knobbed(max_tokens=12, temperature=1.0, min_p=1.0, n=2))
         # The greedy first token, made the likeliest by far and a stop token: held off until
         # min_tokens, then it ends the sample. vLLM holds off the checkpoint's eos_token_id
         # too, so it is a stop token here, as the OpenAI layer always makes the end tokens.
         stop = greedy.token_ids[0]
         end = json.loads(Path(config.model.config).read_text())["eos_token_id"]
-        holding = SamplingParams(
+        holding = knobbed(
             max_tokens=12,
             temperature=0.0,
             stop_token_ids=sorted({stop, end}),
@@ -138,9 +137,7 @@ async def check(output_dir: Path, family: str) -> dict:
         expected_held = greedy_loop(model, prompt, 12, holding)
         if stop in expected_held[4:]:
             expected_held = expected_held[: expected_held.index(stop, 4) + 1]
-        [ranked] = await engine.generate(
-            prompt, SamplingParams(max_tokens=8, temperature=0.8, top_logprobs=3)
-        )
+        [ranked] = await engine.generate(prompt, knobbed(max_tokens=8, temperature=0.8, top_logprobs=3))
         streamed = 0
         async for deltas in engine.stream(prompt, SamplingParams(max_tokens=6, temperature=1.0, n=2)):
             streamed += sum(len(d.token_ids) for d in deltas)
@@ -383,13 +380,13 @@ async def structured_check(output_dir: Path) -> dict:
     await engine.start()
     try:
         prompt = tokenizer.encode("answer: ")
-        constrained = SamplingParams(
+        constrained = knobbed(
             max_tokens=40, temperature=1.0, n=4, stop_token_ids=[tokenizer.eos_token_id], json_schema=schema
         )
         sampled = await engine.generate(prompt, constrained)
         [greedy] = await engine.generate(
             prompt,
-            SamplingParams(
+            knobbed(
                 max_tokens=40, temperature=0.0, stop_token_ids=[tokenizer.eos_token_id], json_schema=schema
             ),
         )

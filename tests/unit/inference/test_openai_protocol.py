@@ -9,21 +9,13 @@ from rlrun.common.errors import RequestError
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.inference.engines.base import Completion
-from rlrun.inference.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    Echo,
-    TextStream,
-    best_of_each,
-    chat_body,
-    chat_prompts,
-    completion_body,
-    completion_prompts,
-    sampling_params,
-    text_stop_strings,
-    visible_text,
-)
-from rlrun.inference.tool_calls import ToolCall, ToolCallStream, split_tool_calls
+from rlrun.inference.openai.prompts import chat_prompts, completion_prompts
+from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest
+from rlrun.inference.openai.request_params import sampling_params, text_stop_strings
+from rlrun.inference.openai.responses import Echo, best_of_each, chat_body, completion_body
+from rlrun.inference.openai.structured_outputs import structured_output
+from rlrun.inference.openai.text import TextStream, visible_text
+from rlrun.inference.openai.tool_calls import ToolCall, ToolCallStream, split_tool_calls
 
 from .conftest import REPO
 
@@ -72,11 +64,15 @@ def test_penalties_and_logit_bias_reach_the_engine(tokenizer):
     )
     request.check_fields()
     params = sampling_params(request, tokenizer, 3, 32, 4)
-    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.3)
-    assert params.logit_bias == {5: 100.0, 17: -2.5}
+    penalties = params.knobs["penalties"]
+    assert (penalties.presence_penalty, penalties.frequency_penalty, penalties.repetition_penalty) == (
+        0.5,
+        -1.0,
+        1.3,
+    )
+    assert params.knobs["logit_bias"] == {5: 100.0, 17: -2.5}
     unset = sampling_params(CompletionRequest(prompt="abc", presence_penalty=None), tokenizer, 3, 32, 4)
-    assert (unset.presence_penalty, unset.frequency_penalty, unset.logit_bias) == (0.0, 0.0, {})
-    assert unset.repetition_penalty == 1.0
+    assert unset.knobs == {}  # no knob: the engine's logits are the model's own
 
 
 @pytest.mark.parametrize(
@@ -137,7 +133,7 @@ def test_min_tokens_masks_the_stop_tokens_and_leaves_every_stop_sequence_to_the_
     params = sampling_params(request, tokenizer, 3, 32, 4)
     # vLLM masks the end token and stop_token_ids only: "z" may be drawn, it just cannot end
     # the text before min_tokens, so the text watches it.
-    assert params.min_tokens == 3 and params.stop_token_ids == sorted({7, tokenizer.eos_token_id})
+    assert params.knobs["min_tokens"] == 3 and params.stop_token_ids == sorted({7, tokenizer.eos_token_id})
     assert text_stop_strings(request, tokenizer) == ["xy", "z"]
     for bad in (-1, 5):
         with pytest.raises(RequestError) as caught:
@@ -451,7 +447,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
     ],
 )
 def test_the_constraint_a_request_asks_for(fields, field, schema):
-    structured = ChatCompletionRequest(**CHAT, **fields).structured_output()
+    structured = structured_output(ChatCompletionRequest(**CHAT, **fields))
     if field is None:
         assert structured is None
     else:
@@ -463,7 +459,7 @@ def test_tool_choice_required_asks_for_an_array_of_calls_of_the_tools_offered(pa
     request = ChatCompletionRequest(
         **CHAT, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel
     )
-    field, text = request.structured_output()
+    field, text = structured_output(request)
     schema = json.loads(text)
     assert field == "tool_choice" and schema["type"] == "array" and schema["minItems"] == 1
     assert schema.get("maxItems") == (1 if parallel is False else None)
@@ -513,13 +509,13 @@ def test_a_constraint_that_cannot_be_kept_is_refused_by_field(tokenizer, fields,
     request = ChatCompletionRequest(**CHAT, **fields)
     with pytest.raises(RequestError) as caught:
         chat_prompts(request, tokenizer)
-        request.structured_output()
+        structured_output(request)
     assert caught.value.field == param
 
 
 def test_a_completion_takes_a_response_format_too():
     request = CompletionRequest(prompt="abc", response_format={"type": "json_object"})
-    assert request.structured_output() == ("response_format", '{"type": "object"}')
+    assert structured_output(request) == ("response_format", '{"type": "object"}')
 
 
 def test_a_bad_tool_or_earlier_call_is_a_validation_error():

@@ -3,7 +3,7 @@ distribution it actually draws from."""
 
 import torch
 
-from rlrun.inference.sampler import BatchSampler, LogitAdjustments, RowSettings, truncate
+from rlrun.inference.sampler import BatchSampler, RowSettings, truncate
 
 
 def logits_rows(rows: int, vocab: int = 12, seed: int = 0) -> torch.Tensor:
@@ -140,6 +140,6 @@ def test_a_sampler_of_rows_alike_does_not_depend_on_which_rows_it_samples():
         [plain, RowSettings(0.8, top_logprobs=2)],
         [RowSettings(1.0, top_p=0.9)] * 2,
         [RowSettings(1.0, generator=torch.Generator())] * 2,
-        [RowSettings(1.0, adjustments=LogitAdjustments(logit_bias={1: 2.0}))] * 2,
+        [RowSettings(1.0, knobs={"logit_bias": {1: 2.0}})] * 2,
     ):
         assert BatchSampler(rows).rows_alike is None

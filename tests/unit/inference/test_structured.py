@@ -90,7 +90,7 @@ def test_the_sampler_masks_grammar_rows_only_and_reports_logprobs_under_the_mask
     logits[1, quote] = -5.0  # the grammar's only choice is unlikely in the model's eyes
     rows = [
         RowSettings(temperature=0.7),
-        RowSettings(temperature=temperature, grammar=grammars.sample_grammar(ENUM)),
+        RowSettings(temperature=temperature, knobs={"json_schema": grammars.sample_grammar(ENUM)}),
         RowSettings(temperature=0.7),
     ]
     sampler = BatchSampler(rows)

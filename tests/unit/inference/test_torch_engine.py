@@ -18,9 +18,11 @@ from rlrun.common.types import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
 from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
+from rlrun.inference.params import GenerationParams
 from rlrun.inference.structured import GrammarCompiler
 
 from ...support import reference_sampling
+from ...support.knobs import knobbed
 from .conftest import MAX_MODEL_LEN, REPO, tiny_model
 
 
@@ -139,9 +141,9 @@ async def test_logprobs_equal_a_recomputed_forward_pass(engine, model):
 async def test_top_logprobs_are_the_most_likely_tokens_of_a_recomputed_forward_pass(engine, model):
     # Rows asking for different counts (and one for none) share the batch.
     settings = [
-        SamplingParams(max_tokens=12, temperature=0.7, n=2, top_logprobs=4),
-        SamplingParams(max_tokens=12, temperature=0.0, top_logprobs=2),
-        SamplingParams(max_tokens=12, temperature=1.0),
+        GenerationParams(max_tokens=12, temperature=0.7, n=2, top_logprobs=4),
+        GenerationParams(max_tokens=12, temperature=0.0, top_logprobs=2),
+        GenerationParams(max_tokens=12, temperature=1.0),
     ]
     results = await asyncio.gather(*[engine.generate(PROMPTS[2], s) for s in settings])
     for params, completions in zip(settings, results, strict=True):
@@ -162,32 +164,34 @@ async def test_top_logprobs_are_the_most_likely_tokens_of_a_recomputed_forward_p
                 assert [top[0][0] for top in completion.top_logprobs] == completion.token_ids
 
 
-def adjusted_logits(model, prompt: list[int], completion: list[int], params: SamplingParams) -> torch.Tensor:
+def adjusted_logits(
+    model, prompt: list[int], completion: list[int], params: GenerationParams
+) -> torch.Tensor:
     """The logits each completion token was drawn from."""
     logits = full_forward(model, prompt + completion)[len(prompt) - 1 : -1]
     return reference_sampling.adjusted_logits(logits, prompt, completion, params)
 
 
-def adjusted_argmax_loop(model, prompt: list[int], steps: int, params: SamplingParams) -> list[int]:
+def adjusted_argmax_loop(model, prompt: list[int], steps: int, params: GenerationParams) -> list[int]:
     completion: list[int] = []
     for _ in range(steps):
         completion.append(int(adjusted_logits(model, prompt, completion + [0], params)[-1].argmax()))
     return completion
 
 
-PENALISED = SamplingParams(max_tokens=16, temperature=0.0, presence_penalty=0.4, frequency_penalty=0.3)
+PENALISED = knobbed(max_tokens=16, temperature=0.0, presence_penalty=0.4, frequency_penalty=0.3)
 
 
 async def test_greedy_penalised_and_biased_output_equals_a_loop_over_the_adjusted_logits(engine, model):
     # Penalised, biased and plain rows share the batch; rows finish and join at different
     # steps, so each penalised row keeps its own counts across every change of the batch.
-    biased = SamplingParams(max_tokens=10, temperature=0.0, logit_bias={17: 0.8, 23: -5.0})
+    biased = knobbed(max_tokens=10, temperature=0.0, logit_bias={17: 0.8, 23: -5.0})
     settings = [
         (PROMPTS[0], PENALISED),
-        (PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0)),
+        (PROMPTS[1], GenerationParams(max_tokens=5, temperature=0.0)),
         (PROMPTS[2], biased),
-        (PROMPTS[3], SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=-0.5, n=2)),
-        (PROMPTS[2], SamplingParams(max_tokens=14, temperature=0.0, repetition_penalty=1.8)),
+        (PROMPTS[3], knobbed(max_tokens=20, temperature=0.0, frequency_penalty=-0.5, n=2)),
+        (PROMPTS[2], knobbed(max_tokens=14, temperature=0.0, repetition_penalty=1.8)),
     ]
     results = await asyncio.gather(*[engine.generate(prompt, params) for prompt, params in settings])
     late = await engine.generate(PROMPTS[1], PENALISED)
@@ -206,12 +210,12 @@ async def test_greedy_penalised_and_biased_output_equals_a_loop_over_the_adjuste
 
 async def test_logprobs_are_under_the_biased_and_penalised_distribution(engine, model):
     settings = [
-        SamplingParams(max_tokens=20, temperature=0.8, presence_penalty=1.5, frequency_penalty=0.7, n=2),
-        SamplingParams(max_tokens=20, temperature=1.3, top_k=6, logit_bias={9: 2.0, 30: -1.0}),
-        SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=2.0, top_logprobs=3),
-        SamplingParams(max_tokens=20, temperature=0.9, repetition_penalty=1.5, presence_penalty=-0.5),
-        SamplingParams(max_tokens=20, temperature=1.1, repetition_penalty=0.7, n=2),
-        SamplingParams(max_tokens=20, temperature=0.7),
+        knobbed(max_tokens=20, temperature=0.8, presence_penalty=1.5, frequency_penalty=0.7, n=2),
+        knobbed(max_tokens=20, temperature=1.3, top_k=6, logit_bias={9: 2.0, 30: -1.0}),
+        knobbed(max_tokens=20, temperature=0.0, frequency_penalty=2.0, top_logprobs=3),
+        knobbed(max_tokens=20, temperature=0.9, repetition_penalty=1.5, presence_penalty=-0.5),
+        knobbed(max_tokens=20, temperature=1.1, repetition_penalty=0.7, n=2),
+        GenerationParams(max_tokens=20, temperature=0.7),
     ]
     results = await asyncio.gather(*[engine.generate(PROMPTS[2], s) for s in settings])
     for params, completions in zip(settings, results, strict=True):
@@ -237,21 +241,19 @@ async def test_no_stop_token_is_drawn_before_min_tokens(engine, model):
     # stop at once. Penalised rows and plain ones share the batch.
     stop = 17
     settings = [
-        SamplingParams(max_tokens=12, temperature=1.0, n=4, stop_token_ids=[stop], logit_bias={stop: 6.0}),
-        SamplingParams(
+        knobbed(max_tokens=12, temperature=1.0, n=4, stop_token_ids=[stop], logit_bias={stop: 6.0}),
+        knobbed(
             max_tokens=12, temperature=1.0, n=4, stop_token_ids=[stop], logit_bias={stop: 6.0}, min_tokens=5
         ),
-        SamplingParams(
-            max_tokens=12, temperature=0.0, stop_token_ids=[stop], frequency_penalty=0.5, min_tokens=8
-        ),
-        SamplingParams(max_tokens=12, temperature=0.8, stop_token_ids=[stop]),
+        knobbed(max_tokens=12, temperature=0.0, stop_token_ids=[stop], frequency_penalty=0.5, min_tokens=8),
+        GenerationParams(max_tokens=12, temperature=0.8, stop_token_ids=[stop]),
     ]
     results = await asyncio.gather(*[engine.generate(PROMPTS[1], s) for s in settings])
     assert all(c.token_ids == [stop] for c in results[0])
     for params, completions in zip(settings[1:3], results[1:3], strict=True):
         for completion in completions:
-            assert len(completion.token_ids) > params.min_tokens
-            assert stop not in completion.token_ids[: params.min_tokens]
+            assert len(completion.token_ids) > params.knobs["min_tokens"]
+            assert stop not in completion.token_ids[: params.knobs["min_tokens"]]
             # The logprobs are those of the masked distribution, renormalised without the stop.
             scaled = adjusted_logits(model, PROMPTS[1], completion.token_ids, params) / (
                 params.temperature or 1.0
@@ -264,20 +266,20 @@ async def test_no_stop_token_is_drawn_before_min_tokens(engine, model):
 
 
 async def test_a_large_logit_bias_forces_or_forbids_a_token(engine, model):
-    forcing = SamplingParams(max_tokens=12, temperature=1.0, logit_bias={42: 100.0})
+    forcing = knobbed(max_tokens=12, temperature=1.0, logit_bias={42: 100.0})
     [forced] = await engine.generate(PROMPTS[0], forcing)
     assert forced.token_ids == [42] * 12
     greedy = argmax_loop(model, PROMPTS[0], 12)
     forbidden = {token: -100.0 for token in greedy}
     avoided = await engine.generate(
-        PROMPTS[0], SamplingParams(max_tokens=12, temperature=0.0, n=3, logit_bias=forbidden)
+        PROMPTS[0], knobbed(max_tokens=12, temperature=0.0, n=3, logit_bias=forbidden)
     )
     for completion in avoided:
         assert not set(completion.token_ids) & set(greedy)
 
 
 async def test_streamed_deltas_carry_their_positions_top_logprobs(engine):
-    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3, top_logprobs=3)
+    params = GenerationParams(max_tokens=6, temperature=1.0, seed=3, top_logprobs=3)
     [whole] = await engine.generate(PROMPTS[0], params)
     streamed = [
         top
@@ -548,7 +550,7 @@ async def test_constrained_samples_write_matching_json_with_logprobs_under_the_m
         "required": ["city", "open"],
         "additionalProperties": False,
     }
-    constrained = SamplingParams(max_tokens=40, temperature=0.9, n=3, json_schema=json.dumps(schema))
+    constrained = knobbed(max_tokens=40, temperature=0.9, n=3, json_schema=json.dumps(schema))
     free = SamplingParams(max_tokens=40, temperature=0.9)
     await engine.start()
     try:

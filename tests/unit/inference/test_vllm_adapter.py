@@ -36,6 +36,7 @@ from rlrun.inference.engines.vllm_worker import tensors_from_payload
 from rlrun.inference.structured import COMPACT_JSON, grammar
 from rlrun.v1 import weights_pb2
 
+from ...support.knobs import knobbed
 from .conftest import REPO
 
 
@@ -73,10 +74,10 @@ def test_sampling_translation_keeps_the_contract():
         "detokenize": False,
     }
     assert sampling_kwargs(SamplingParams(max_tokens=2, top_k=5, top_p=0.9))["top_k"] == 5
-    assert sampling_kwargs(SamplingParams(max_tokens=2, min_p=0.2))["min_p"] == 0.2
-    assert sampling_kwargs(SamplingParams(max_tokens=9, min_tokens=4, stop_token_ids=[1]))["min_tokens"] == 4
+    assert sampling_kwargs(knobbed(max_tokens=2, min_p=0.2))["min_p"] == 0.2
+    assert sampling_kwargs(knobbed(max_tokens=9, min_tokens=4, stop_token_ids=[1]))["min_tokens"] == 4
     penalised = sampling_kwargs(
-        SamplingParams(
+        knobbed(
             max_tokens=2,
             presence_penalty=0.5,
             frequency_penalty=-1.0,
@@ -111,7 +112,7 @@ def test_vllm_loads_the_tokenizer_only_where_it_is_the_checkpoints(config, tmp_p
 
 def test_a_json_schema_becomes_vllms_structured_outputs_with_compact_json():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    kwargs = sampling_kwargs(SamplingParams(max_tokens=9, json_schema=json.dumps(schema)))
+    kwargs = sampling_kwargs(knobbed(max_tokens=9, json_schema=json.dumps(schema)))
     assert kwargs["structured_outputs"] == {"json": schema | {"x-guidance": COMPACT_JSON}}
     assert "structured_outputs" not in sampling_kwargs(SamplingParams(max_tokens=9))
     # llguidance reads the options in the schema before vLLM's defaults (flexible whitespace
@@ -204,7 +205,7 @@ def test_top_logprobs_keep_the_ranked_tokens_and_drop_a_sampled_outsider():
     assert completion_from_output(output, 0, 0, top_count=2).top_logprobs == [[(4, -0.6), (8, -0.9)]]
     assert delta_from_output(output, top_count=2).top_logprobs == [[(4, -0.6), (8, -0.9)]]
     assert completion_from_output(output, 0, 0).top_logprobs is None
-    assert sampling_kwargs(SamplingParams(max_tokens=4, top_logprobs=2))["logprobs"] == 2
+    assert sampling_kwargs(knobbed(max_tokens=4, top_logprobs=2))["logprobs"] == 2
 
 
 def test_prompt_scores_pick_each_prompt_token():

@@ -6,7 +6,7 @@ verifiers' train client (the `renderers` package's `generate()`) calls: it rende
 itself, posts the ids, and reads `max_model_len` from `/v1/models`.
 
 Pure of HTTP: `TokensServing` takes the request models and answers dicts; the routes are in
-`openai_app`. Text in and out reuse the gRPC text path (`TextPath`): `/tokenize` of a prompt is
+`app`. Text in and out reuse the gRPC text path (`TextPath`): `/tokenize` of a prompt is
 its `tokenize`, `/detokenize` its `detokenize`; a chat is rendered as `/v1/chat/completions`
 renders it (`chat_prompts`).
 
@@ -33,28 +33,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlrun.common.errors import RequestError, describe_validation_error
 from rlrun.common.tokenizer import HFTokenizer, Tokenizer
-from rlrun.common.types import MAX_TOP_LOGPROBS, SamplingParams
 from rlrun.inference.engines.base import Completion, Engine
-from rlrun.inference.openai_protocol import (
-    ChatCompletionRequest,
-    ChatMessageIn,
-    ToolIn,
-    chat_prompts,
-    check_context,
-    usage,
-)
+from rlrun.inference.logits import RequestFields, read_knobs
+from rlrun.inference.openai.prompts import chat_prompts
+from rlrun.inference.openai.protocol import ChatCompletionRequest, ChatMessageIn, ModelNotFound, ToolIn
+from rlrun.inference.openai.request_params import check_context
+from rlrun.inference.openai.responses import usage
+from rlrun.inference.params import MAX_TOP_LOGPROBS, GenerationParams
 from rlrun.inference.text_path import TextPath
 from rlrun.inference.validation import check_generate
 
 LOWEST_LOGPROB = -9999.0
 """vLLM's floor for a logprob in JSON."""
-
-
-class ModelNotFound(Exception):
-    def __init__(self, model: str, served: str):
-        super().__init__(model)
-        self.model = model
-        self.served = served
 
 
 class VllmSamplingParams(BaseModel):
@@ -171,7 +161,7 @@ class TokensServing:
         if model is not None and model != self.model_id:
             raise ModelNotFound(model, self.model_id)
 
-    def sampling(self, request: GenerateRequest) -> SamplingParams:
+    def sampling(self, request: GenerateRequest) -> GenerationParams:
         """The engine's settings for a request, checked against the context and the model."""
         sp = request.sampling_params
         sp.refuse_unsupported()
@@ -194,21 +184,17 @@ class TokensServing:
             stops += ids
         if not sp.ignore_eos:
             stops.append(self.tokenizer.eos_token_id)
-        params = SamplingParams(
+        params = GenerationParams(
             max_tokens=max_tokens,
             temperature=sp.temperature,
             top_p=sp.top_p,
             top_k=max(sp.top_k, 0),
             min_p=sp.min_p,
             stop_token_ids=list(dict.fromkeys(stops)),
-            min_tokens=sp.min_tokens,
             seed=sp.seed,
             n=sp.n,
             top_logprobs=sp.logprobs or 0,
-            presence_penalty=sp.presence_penalty,
-            frequency_penalty=sp.frequency_penalty,
-            logit_bias=dict(sp.logit_bias or {}),
-            repetition_penalty=sp.repetition_penalty,
+            knobs=read_knobs(RequestFields(dict(sp), "sampling_params")),
         )
         check_generate(
             prompt,

@@ -254,3 +254,38 @@ def split_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
     if calls and not content.strip():
         return None, calls
     return content, calls
+
+
+class StreamedCalls:
+    """One chat choice's text as it streams, split into content and tool calls."""
+
+    def __init__(self, limit: int | None):
+        self.stream = ToolCallStream(limit)
+        self.made = 0
+
+    def push(self, text: str, ended: bool) -> tuple[str, list[dict]]:
+        """The content settled by `text` (all of it once `ended`) and the calls it completed,
+        as a delta's `tool_calls`."""
+        items = self.stream.push(text) + (self.stream.finish() if ended else [])
+        calls = [item for item in items if isinstance(item, ToolCall)]
+        made = [call.to_openai(index=self.made + k) for k, call in enumerate(calls)]
+        self.made += len(made)
+        return "".join(item for item in items if isinstance(item, str)), made
+
+
+class ForcedCalls:
+    """One chat choice's text as it streams, constrained to tool calls: held back until it
+    ends, then sent as calls (`forced_tool_calls`)."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+        self.text = ""
+        self.made = 0
+
+    def push(self, text: str, ended: bool) -> tuple[str, list[dict]]:
+        self.text += text
+        if not ended:
+            return "", []
+        content, calls = forced_tool_calls(self.text, self.name)
+        self.made = len(calls)
+        return content or "", [call.to_openai(index=k) for k, call in enumerate(calls)]

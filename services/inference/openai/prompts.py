@@ -1,0 +1,68 @@
+"""The prompts of an OpenAI request as token ids: a completion's as given or encoded, a
+chat's rendered by the tokenizer's chat template with the request's tools (earlier tool calls
+written as the model writes them: Hermes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlrun.common.errors import RequestError
+from rlrun.common.hermes import calls_text
+from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
+from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ContentPart
+
+Prompts = list[tuple[str, list[int]]]
+"""The prompts of one request, each with the name of its field (for the 400 that names it)."""
+
+
+PromptBuilder = Callable[..., Prompts]
+"""(request, tokenizer) -> its prompts: `completion_prompts` or `chat_prompts`."""
+
+
+def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prompts:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [("prompt", tokenizer.encode(prompt))]
+    if not prompt or isinstance(prompt[0], int):
+        return [("prompt", list(prompt))]
+    return [
+        (f"prompt[{i}]", tokenizer.encode(item) if isinstance(item, str) else list(item))
+        for i, item in enumerate(prompt)
+    ]
+
+
+def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:
+    """The conversation rendered by the tokenizer's chat template, with the request's tools:
+    always one prompt. Earlier tool calls are written as the model writes them (Hermes)."""
+    request.tool_mode()  # refuses a tool_choice it cannot keep before anything runs
+    messages = []
+    for i, message in enumerate(request.messages):
+        if message.function_call:
+            raise RequestError(
+                f"messages[{i}].function_call",
+                "function_call is not supported by this server; use tool_calls",
+            )
+        content = message.content or ""
+        if not isinstance(content, str):
+            content = "".join(
+                _text_part(part, f"messages[{i}].content[{j}]") for j, part in enumerate(content)
+            )
+        if message.tool_calls:
+            if message.role != "assistant":
+                raise RequestError(f"messages[{i}].tool_calls", "only assistant messages carry tool_calls")
+            calls = calls_text([call.model_dump() for call in message.tool_calls])
+            content = f"{content}\n{calls}" if content else calls
+        messages.append(ChatMessage("system" if message.role == "developer" else message.role, content))
+    tools = [tool.model_dump() for tool in request.tools or ()]
+    try:
+        return [("messages", render_chat(tokenizer, messages, add_generation_prompt=True, tools=tools))]
+    except ValueError as error:
+        raise RequestError("messages", str(error)) from error
+
+
+def _text_part(part: ContentPart, where: str) -> str:
+    if part.type != "text":
+        raise RequestError(f"{where}.type", f"only text content parts are supported, got {part.type!r}")
+    if part.text is None:
+        raise RequestError(f"{where}.text", "a text content part needs its text")
+    return part.text
