@@ -19,10 +19,16 @@ A group is reused while the set of live replicas stays the same; a new set, or a
 transfer, makes a new group under a new name (and port, unless `nccl_port` pins it).
 Receivers join when the rendezvous they are sent differs from the one they joined last.
 
-`join_weight_group` is the one way both sides join: for "nccl", vLLM's `StatelessProcessGroup`
-and `PyNcclCommunicator` (what the vLLM workers use; the trainer then needs the `vllm` extra);
-for "gloo", a torch gloo group over a TCPStore, which runs the very same protocol on CPU
-tensors (tests, no GPU needed).
+`join_weight_group` is the one way both sides join, by backend (named in the header's
+`nccl.backend`, since both sides must build the same kind of group):
+- "pynccl": vLLM's `StatelessProcessGroup` and `PyNcclCommunicator` (what the vLLM workers
+  use; the trainer then needs the `vllm` extra);
+- "nccl": a standalone `torch.distributed.ProcessGroupNCCL` over the rendezvous TCPStore (the
+  torch engine's replicas);
+- "gloo": a standalone `ProcessGroupGloo` over the same store, which runs the very same
+  protocol on CPU tensors (tests, no GPU needed).
+The torch groups are built from their store, never through `init_process_group`: the trainer's
+own default group (FSDP, DDP) is left alone.
 """
 
 from __future__ import annotations
@@ -56,17 +62,25 @@ class WeightGroup(Protocol):
         ...
 
 
-class _GlooGroup:
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout: timedelta):
+class _TorchGroup:
+    """A torch.distributed group of its own over the rendezvous store."""
+
+    def __init__(self, backend: str, host: str, port: int, rank: int, world_size: int, device, timeout):
         # The master store waits for every rank to connect: this call is the rendezvous.
         self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        if backend == "gloo":
+            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        else:
+            torch.cuda.set_device(device)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
 
 
-class _NcclGroup:
+class _PyNcclGroup:
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device):
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
@@ -79,14 +93,22 @@ class _NcclGroup:
         self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream(self.device))
 
 
+BACKENDS = {
+    "pynccl": weights_pb2.COLLECTIVE_BACKEND_PYNCCL,
+    "nccl": weights_pb2.COLLECTIVE_BACKEND_TORCH_NCCL,
+    "gloo": weights_pb2.COLLECTIVE_BACKEND_TORCH_GLOO,
+}
+"""Backend name -> what the header's `nccl.backend` says."""
+
+
 def join_weight_group(
     backend: str, host: str, port: int, rank: int, world_size: int, device: torch.device, timeout: timedelta
 ) -> WeightGroup:
     """Blocks until every rank of the group has joined."""
-    if backend == "gloo":
-        return _GlooGroup(host, port, rank, world_size, timeout)
-    if backend == "nccl":
-        return _NcclGroup(host, port, rank, world_size, device)
+    if backend in ("gloo", "nccl"):
+        return _TorchGroup(backend, host, port, rank, world_size, device, timeout)
+    if backend == "pynccl":
+        return _PyNcclGroup(host, port, rank, world_size, device)
     raise ValueError(f"unknown weight-broadcast backend {backend!r}")
 
 
@@ -128,7 +150,7 @@ class CollectiveWeightBroadcaster:
         config: BroadcastConfig,
         client: ClientOptions,
         host: str,
-        backend: str = "nccl",
+        backend: str = "pynccl",
         ranks_per_replica: int = 1,
         device: str | torch.device = "cuda",
     ):
@@ -176,7 +198,7 @@ class CollectiveWeightBroadcaster:
             )
         for tensor in tensors.values():
             group.joined.broadcast(tensor.contiguous())
-        if self.backend == "nccl":
+        if self.backend != "gloo":
             torch.cuda.synchronize(self.device)
 
     async def _handshake(self, address: str, header: weights_pb2.WeightUpdateHeader) -> tuple[str, float]:
@@ -228,6 +250,7 @@ class CollectiveWeightBroadcaster:
                         world_size=group.world_size,
                         rank=1 + index * self.ranks_per_replica,
                         group_name=group.name,
+                        backend=BACKENDS[self.backend],
                     )
                 )
                 handshakes.append(asyncio.ensure_future(self._handshake(address, header)))
