@@ -1,0 +1,98 @@
+"""The IPC broadcaster's staging buffer against replicas that take their time or fail: it is
+never written while a replica may still read it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import torch
+
+from rlrun.common.config.trainer import BroadcastConfig
+from rlrun.common.grpc_client import ClientOptions
+from rlrun.common.grpc_server import GrpcServer, ServerOptions
+from rlrun.common.model import build_model
+from rlrun.common.model.weights import broadcast_tensors
+from rlrun.inference.weight_transports import WeightReceiver, ipc_source
+from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
+from rlrun.trainer.synthetic import synthetic_config
+from rlrun.v1 import inference_pb2, inference_pb2_grpc
+
+from .conftest import INFERENCE
+from .test_collective_broadcast import perturbed
+
+
+class SlowIpcReplica(inference_pb2_grpc.InferenceServiceServicer):
+    """Maps the trainer's buffer as a replica does, then reads it only after `delay_s`."""
+
+    def __init__(self, expected: dict[str, torch.Tensor], delay_s: float, fail: bool = False):
+        self.expected = expected
+        self.delay_s = delay_s
+        self.fail = fail
+        self.receiver = WeightReceiver(torch.device("cpu"))
+        self.received: list[tuple[int, str, dict[str, torch.Tensor]]] = []
+
+    async def UpdateWeights(self, request_iterator, context):
+        header = (await anext(request_iterator)).header
+        views = self.receiver.source(ipc_source(header, self.expected)).open()
+        await asyncio.sleep(self.delay_s)
+        if self.fail:
+            await context.abort(grpc.StatusCode.INTERNAL, "this replica fails")
+        copies = {name: tensor.clone() for name, tensor in views.items()}
+        self.received.append((header.version, header.ipc.buffer_id, copies))
+        return inference_pb2.UpdateWeightsResponse(version=header.version)
+
+
+async def serve(servicer) -> tuple[str, GrpcServer]:
+    server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
+    inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, server.server)
+    port = await server.start()
+    return f"127.0.0.1:{port}", server
+
+
+def equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(got[name], want[name]) for name in want)
+
+
+async def test_the_buffer_is_not_written_until_every_replica_answered(tmp_path):
+    base = broadcast_tensors(build_model(synthetic_config(tmp_path).model))
+    fast, slow = SlowIpcReplica(base, 0.0), SlowIpcReplica(base, 0.5)
+    (fast_address, fast_server), (slow_address, slow_server) = await serve(fast), await serve(slow)
+    broadcaster = IpcWeightBroadcaster(
+        [fast_address, slow_address], BroadcastConfig(retries=0), ClientOptions()
+    )
+    first, second = perturbed(base, 1), perturbed(base, 2)
+    try:
+        results = await asyncio.gather(broadcaster.broadcast(first, 1), broadcaster.broadcast(second, 2))
+        assert [[r.ok for r in rs] for rs in results] == [[True, True], [True, True]]
+        for replica in (fast, slow):
+            (v1, id1, got1), (v2, id2, got2) = replica.received
+            assert (v1, v2) == (1, 2) and id1 == id2  # one buffer, exported once
+            assert equal(got1, first) and equal(got2, second)
+    finally:
+        await broadcaster.close()
+        await fast_server.stop(0)
+        await slow_server.stop(0)
+
+
+async def test_a_failed_replica_retires_the_buffer(tmp_path):
+    base = broadcast_tensors(build_model(synthetic_config(tmp_path).model))
+    good, bad = SlowIpcReplica(base, 0.0), SlowIpcReplica(base, 0.0, fail=True)
+    (good_address, good_server), (bad_address, bad_server) = await serve(good), await serve(bad)
+    broadcaster = IpcWeightBroadcaster(
+        [good_address, bad_address], BroadcastConfig(retries=0), ClientOptions()
+    )
+    try:
+        results = await broadcaster.broadcast(perturbed(base, 1), 1)
+        assert [r.ok for r in results] == [True, False]
+        assert "INTERNAL" in results[1].error and results[1].bytes == 0
+        assert results[0].bytes == sum(t.nbytes for t in base.values())
+        assert broadcaster.staging is None
+        # The bad replica may still read the old buffer; the next update gets a new one.
+        assert [r.ok for r in await broadcaster.broadcast(perturbed(base, 2), 2, [good_address])] == [True]
+        (_, id1, _), (_, id2, got2) = good.received
+        assert id1 != id2 and equal(got2, perturbed(base, 2))
+    finally:
+        await broadcaster.close()
+        await good_server.stop(0)
+        await bad_server.stop(0)
