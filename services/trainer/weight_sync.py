@@ -116,11 +116,11 @@ class AutoWeightBroadcaster:
         rollback: bool = False,
     ) -> list[ReplicaResult]:
         targets = list(self.channels) if to is None else list(to)
-        chosen = await asyncio.gather(*(self._choose(a) for a in targets if a not in self.choices))
-        fresh = dict(zip([a for a in targets if a not in self.choices], chosen, strict=True))
+        unknown = [a for a in targets if a not in self.choices]
+        chosen = dict(zip(unknown, await asyncio.gather(*(self._choose(a) for a in unknown)), strict=True))
         groups: dict[str, list[str]] = {}
         for address in targets:
-            groups.setdefault(self.choices.get(address) or fresh[address], []).append(address)
+            groups.setdefault(chosen.get(address) or self.choices[address], []).append(address)
         answers = await asyncio.gather(
             *(
                 self.by_transport[t].broadcast(tensors, version, members, rollback)

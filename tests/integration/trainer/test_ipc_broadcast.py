@@ -1,5 +1,5 @@
 """The IPC broadcaster's staging buffer against replicas that take their time or fail: it is
-never written while a replica may still read it."""
+never written while a replica may still read it. And "auto" routing replicas to it."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
 from rlrun.common.model.weights import broadcast_tensors
 from rlrun.inference.weight_transports import WeightReceiver, ipc_source
+from rlrun.trainer.broadcast import GrpcWeightBroadcaster
 from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
 from rlrun.trainer.synthetic import synthetic_config
+from rlrun.trainer.weight_sync import AutoWeightBroadcaster
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
+from rlrun.v1 import weights_pb2 as pb
 
 from .conftest import INFERENCE
 from .test_collective_broadcast import perturbed
@@ -31,6 +34,8 @@ class SlowIpcReplica(inference_pb2_grpc.InferenceServiceServicer):
         self.fail = fail
         self.receiver = WeightReceiver(torch.device("cpu"))
         self.received: list[tuple[int, str, dict[str, torch.Tensor]]] = []
+        self.info = pb.WeightSyncInfo()
+        """What it reports in GetStatus."""
 
     async def UpdateWeights(self, request_iterator, context):
         header = (await anext(request_iterator)).header
@@ -41,6 +46,9 @@ class SlowIpcReplica(inference_pb2_grpc.InferenceServiceServicer):
         copies = {name: tensor.clone() for name, tensor in views.items()}
         self.received.append((header.version, header.ipc.buffer_id, copies))
         return inference_pb2.UpdateWeightsResponse(version=header.version)
+
+    async def GetStatus(self, request, context):
+        return inference_pb2.GetInferenceStatusResponse(weight_sync=self.info)
 
 
 async def serve(servicer) -> tuple[str, GrpcServer]:
@@ -96,3 +104,38 @@ async def test_a_failed_replica_retires_the_buffer(tmp_path):
         await broadcaster.close()
         await good_server.stop(0)
         await bad_server.stop(0)
+
+
+async def test_auto_sends_each_replica_what_it_reports_and_forgets_a_failed_one(
+    tmp_path, start_replica, dead_address
+):
+    base = broadcast_tensors(build_model(synthetic_config(tmp_path).model))
+    fetching = SlowIpcReplica(base, 0.0)
+    fetching_address, fetching_server = await serve(fetching)
+    streaming = await start_replica()  # reports nothing: an older replica
+    addresses = [fetching_address, streaming.address, dead_address]
+    settings, client = BroadcastConfig(retries=0), ClientOptions()
+    by_transport = {
+        "grpc": GrpcWeightBroadcaster(addresses, settings, client),
+        "ipc": IpcWeightBroadcaster(addresses, settings, client),
+    }
+    # A trainer on "cuda" that stages on CPU: the routing is what is under test.
+    auto = AutoWeightBroadcaster(addresses, by_transport, client, settings, torch.device("cuda"))
+    fetching.info = pb.WeightSyncInfo(
+        node_id=auto.node, device="cuda:0", transports=[pb.WEIGHT_TRANSPORT_IPC]
+    )
+    try:
+        weights = perturbed(base, 3)
+        results = await auto.broadcast(weights, 3)
+        assert [(r.address, r.ok) for r in results] == [(a, a != dead_address) for a in addresses]
+        assert auto.choices == {fetching_address: "ipc", streaming.address: "grpc"}
+        assert equal(fetching.received[0][2], weights)
+        assert streaming.servicer.version == 3 and equal(streaming.servicer.weights, weights)
+        # A replica that fails an update is asked again next time (it may come back as another).
+        await fetching_server.stop(0)
+        results = await auto.broadcast(weights, 4, [fetching_address, streaming.address])
+        assert [r.ok for r in results] == [False, True]
+        assert auto.choices == {streaming.address: "grpc"}
+    finally:
+        await auto.close()
+        await fetching_server.stop(0)
