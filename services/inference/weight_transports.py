@@ -175,7 +175,7 @@ def _cuda_handle(handle: weights_pb2.CudaIpcHandle) -> tuple:
         handle.storage_offset_bytes,
         handle.ref_counter_handle,
         handle.ref_counter_offset,
-        handle.event_handle or None,
+        handle.event_handle,
         handle.event_sync_required,
     )
 
