@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -62,19 +63,46 @@ class WeightGroup(Protocol):
         ...
 
 
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def _nccl_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta):
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    # torch's default (3, SkipCleanUp) takes the whole process down when a collective times
+    # out; a failed weight transfer must fail that one update instead (2, CleanUpOnly: the
+    # communicator is aborted and wait() raises). The constructor reads it; a value the
+    # operator set is kept.
+    unset = NCCL_ERROR_HANDLING not in os.environ
+    if unset:
+        os.environ[NCCL_ERROR_HANDLING] = "2"
+    try:
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    finally:
+        if unset:
+            del os.environ[NCCL_ERROR_HANDLING]
+
+
 class _TorchGroup:
     """A torch.distributed group of its own over the rendezvous store."""
 
-    def __init__(self, backend: str, host: str, port: int, rank: int, world_size: int, device, timeout):
+    def __init__(
+        self,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        timeout: timedelta,
+    ):
         # The master store waits for every rank to connect: this call is the rendezvous.
         self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         if backend == "gloo":
             self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         else:
             torch.cuda.set_device(device)
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
+            self.group = _nccl_group(self.store, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
