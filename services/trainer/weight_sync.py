@@ -10,7 +10,8 @@ builds (`make_broadcaster`).
 - "auto": gRPC when the trainer is on CPU. On CUDA, per replica, from what it reports in
   GetStatus (`WeightSyncInfo`, `choose_transport`): IPC when it is a CUDA replica on the
   trainer's node; a torch NCCL group when it is a CUDA replica elsewhere; vLLM's
-  PyNcclCommunicator when it joins only that; gRPC otherwise.
+  PyNcclCommunicator when it joins only that; gRPC otherwise. A replica that fails an update
+  over IPC or a collective gets it over gRPC at once, and stays there.
 
 `measure_sync` times a sync to one served replica (the GPU benchmark's weight-sync figure).
 """
@@ -65,8 +66,9 @@ def choose_transport(
 
 class AutoWeightBroadcaster:
     """Sends each replica the update over the transport `choose_transport` picks for it, all
-    transports at once. A replica's choice is kept until it fails an update (it may have
-    come back elsewhere, or as another engine)."""
+    transports at once. A replica that fails an IPC or collective update gets it over gRPC at
+    once, and stays on gRPC if that works. A replica's choice is kept until it fails an
+    update (it may have come back elsewhere, or as another engine)."""
 
     tensors_on_cpu = False
 
@@ -128,10 +130,37 @@ class AutoWeightBroadcaster:
             )
         )
         results = {r.address: r for answer in answers for r in answer}
+        fetched = [a for t, members in groups.items() if t != "grpc" for a in members if not results[a].ok]
+        if fetched:
+            results.update(await self._fall_back(fetched, tensors, version, rollback, results))
         for result in results.values():
             if not result.ok:
                 self.choices.pop(result.address, None)
         return [results[a] for a in targets]
+
+    async def _fall_back(
+        self,
+        addresses: list[str],
+        tensors: dict[str, torch.Tensor],
+        version: int,
+        rollback: bool,
+        failed: dict[str, ReplicaResult],
+    ) -> dict[str, ReplicaResult]:
+        """The update again over the stream to replicas that failed a fetched transport (what
+        they report can be wrong: a GPU they cannot map, a network NCCL cannot cross); one that
+        takes it stays on gRPC."""
+        for address in addresses:
+            log.warning(
+                "replica %s failed a %s update (%s); sending it over gRPC",
+                address,
+                self.choices.get(address),
+                failed[address].error,
+            )
+        results = await self.by_transport["grpc"].broadcast(tensors, version, addresses, rollback)
+        for result in results:
+            if result.ok:
+                self.choices[result.address] = "grpc"
+        return {r.address: r for r in results}
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self.channels.values()))

@@ -12,7 +12,7 @@ from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import broadcast_tensors
+from rlrun.common.model.weights import TensorLayout, WeightAssembler, broadcast_tensors
 from rlrun.inference.weight_transports import WeightReceiver, ipc_source
 from rlrun.trainer.broadcast import GrpcWeightBroadcaster
 from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
@@ -26,7 +26,8 @@ from .test_collective_broadcast import perturbed
 
 
 class SlowIpcReplica(inference_pb2_grpc.InferenceServiceServicer):
-    """Maps the trainer's buffer as a replica does, then reads it only after `delay_s`."""
+    """Maps the trainer's buffer as a replica does, then reads it only after `delay_s`; `fail`:
+    every IPC update fails after that. Takes gRPC updates too."""
 
     def __init__(self, expected: dict[str, torch.Tensor], delay_s: float, fail: bool = False):
         self.expected = expected
@@ -39,6 +40,12 @@ class SlowIpcReplica(inference_pb2_grpc.InferenceServiceServicer):
 
     async def UpdateWeights(self, request_iterator, context):
         header = (await anext(request_iterator)).header
+        if header.transport != pb.WEIGHT_TRANSPORT_IPC:
+            assembler = WeightAssembler(header, TensorLayout(header.tensors, self.expected))
+            async for message in request_iterator:
+                assembler.add(message.chunk)
+            self.received.append((header.version, "", dict(assembler.finish())))
+            return inference_pb2.UpdateWeightsResponse(version=header.version)
         views = self.receiver.source(ipc_source(header, self.expected)).open()
         await asyncio.sleep(self.delay_s)
         if self.fail:
@@ -139,3 +146,27 @@ async def test_auto_sends_each_replica_what_it_reports_and_forgets_a_failed_one(
     finally:
         await auto.close()
         await fetching_server.stop(0)
+
+
+async def test_auto_falls_back_to_grpc_for_a_replica_that_cannot_fetch(tmp_path):
+    base = broadcast_tensors(build_model(synthetic_config(tmp_path).model))
+    replica = SlowIpcReplica(base, 0.0, fail=True)
+    address, server = await serve(replica)
+    settings, client = BroadcastConfig(retries=0), ClientOptions()
+    by_transport = {
+        "grpc": GrpcWeightBroadcaster([address], settings, client),
+        "ipc": IpcWeightBroadcaster([address], settings, client),
+    }
+    auto = AutoWeightBroadcaster([address], by_transport, client, settings, torch.device("cuda"))
+    replica.info = pb.WeightSyncInfo(node_id=auto.node, device="cuda:0", transports=[pb.WEIGHT_TRANSPORT_IPC])
+    try:
+        for version in (1, 2):
+            (result,) = await auto.broadcast(perturbed(base, version), version)
+            assert result.ok, result.error
+        # The first update failed over IPC and went over gRPC; the second went over gRPC only.
+        assert [(v, buffer_id) for v, buffer_id, _ in replica.received] == [(1, ""), (2, "")]
+        assert equal(replica.received[1][2], perturbed(base, 2))
+        assert auto.choices == {address: "grpc"}
+    finally:
+        await auto.close()
+        await server.stop(0)
