@@ -22,6 +22,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 import torch
@@ -175,62 +176,100 @@ def nccl_host(config: RunConfig) -> str:
     return socket.gethostname()
 
 
-def _collective(config: RunConfig, client: ClientOptions, addresses: list[str], backend: str):
+@dataclass(frozen=True)
+class SyncTarget:
+    """Where the trainer's weights go, besides the replica addresses."""
+
+    device: torch.device
+    """The trainer's device (where the tensors it broadcasts live)."""
+    host: str
+    """Where replicas reach the trainer's rendezvous store (collectives)."""
+    engine: str = "torch"
+    """The replicas' inference engine: "vllm" joins its own NCCL communicator."""
+    tensor_parallel_size: int = 1
+    """vLLM workers per replica, each a rank of a collective."""
+
+
+def _collective(addresses, settings, client, target: SyncTarget, backend: str) -> CollectiveWeightBroadcaster:
     return CollectiveWeightBroadcaster(
         addresses,
-        config.trainer.broadcast,
+        settings,
         client,
-        host=nccl_host(config),
+        host=target.host,
         backend=backend,
-        ranks_per_replica=config.inference.vllm.tensor_parallel_size if backend == "pynccl" else 1,
-        device=config.trainer.device,
+        ranks_per_replica=target.tensor_parallel_size if backend == "pynccl" else 1,
+        device=target.device,
     )
 
 
-def make_broadcaster(config: RunConfig, client: ClientOptions) -> WeightBroadcaster:
-    addresses = list(config.inference.addresses)
-    settings = config.trainer.broadcast
-    device = torch.device(config.trainer.device)
-    transport = settings.transport
-    if transport == "auto" and device.type != "cuda":
+def build_broadcaster(
+    transport: str, addresses: list[str], settings: BroadcastConfig, client: ClientOptions, target: SyncTarget
+) -> WeightBroadcaster:
+    """The broadcaster for `transport` ("grpc", "ipc", "nccl" or "auto", as in
+    `trainer.broadcast.transport`)."""
+    if transport == "auto" and target.device.type != "cuda":
         transport = "grpc"
     if transport == "ipc":
         return IpcWeightBroadcaster(addresses, settings, client)
     if transport == "nccl":
-        if config.inference.engine == "vllm":
-            backend = "pynccl"
-        else:
-            backend = "nccl" if device.type == "cuda" else "gloo"
-        return _collective(config, client, addresses, backend)
+        torch_backend = "nccl" if target.device.type == "cuda" else "gloo"
+        backend = "pynccl" if target.engine == "vllm" else torch_backend
+        return _collective(addresses, settings, client, target, backend)
     if transport == "auto":
         by_transport: dict[str, WeightBroadcaster] = {
             "grpc": GrpcWeightBroadcaster(addresses, settings, client),
             "ipc": IpcWeightBroadcaster(addresses, settings, client),
-            "nccl": _collective(config, client, addresses, "nccl"),
-            "pynccl": _collective(config, client, addresses, "pynccl"),
+            "nccl": _collective(addresses, settings, client, target, "nccl"),
+            "pynccl": _collective(addresses, settings, client, target, "pynccl"),
         }
-        return AutoWeightBroadcaster(addresses, by_transport, client, settings, device)
+        return AutoWeightBroadcaster(addresses, by_transport, client, settings, target.device)
     return GrpcWeightBroadcaster(addresses, settings, client)
 
 
+def make_broadcaster(config: RunConfig, client: ClientOptions) -> WeightBroadcaster:
+    target = SyncTarget(
+        device=torch.device(config.trainer.device),
+        host=nccl_host(config),
+        engine=config.inference.engine,
+        tensor_parallel_size=config.inference.vllm.tensor_parallel_size,
+    )
+    settings = config.trainer.broadcast
+    return build_broadcaster(settings.transport, list(config.inference.addresses), settings, client, target)
+
+
 async def measure_sync(
-    broadcaster: WeightBroadcaster, address: str, tensors: dict[str, torch.Tensor], rounds: int = 3
+    address: str,
+    tensors: dict[str, torch.Tensor],
+    transport: str = "auto",
+    rounds: int = 3,
+    engine: str = "torch",
+    host: str = "127.0.0.1",
 ) -> list[ReplicaResult]:
-    """Syncs `tensors` (the replica's model's tensor list, any values) to the served replica at
-    `address` `rounds` times, each as the version after the replica's; one result per round
-    (`bytes / seconds`: its throughput; the first round includes opening the transport).
-    Raises RuntimeError naming the replica's error if a round fails."""
-    channel = open_channel(address, ClientOptions())
+    """Syncs `tensors` from this process (their device is the trainer's) to the served replica
+    at `address` over `transport` ("grpc", "ipc", "nccl", "auto"), `rounds` times, each as the
+    version after the replica's; one result per round: `bytes / seconds` is its throughput
+    (the first round includes opening the transport: staging buffer, handle, group). `tensors`
+    must be the replica's tensor list (names, dtypes, shapes); their values are free. `engine`:
+    the replica's; `host`: where it reaches this process's rendezvous store ("nccl"). Raises
+    RuntimeError naming the replica's error if a round fails."""
+    client = ClientOptions()
+    channel = open_channel(address, client)
     try:
         status = await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
             inference_pb2.GetInferenceStatusRequest(), timeout=PROBE_TIMEOUT_S
         )
     finally:
         await channel.close()
+    device = next(iter(tensors.values())).device
+    target = SyncTarget(device=device, host=host, engine=engine)
+    broadcaster = build_broadcaster(transport, [address], BroadcastConfig(retries=0), client, target)
     results = []
-    for round_ in range(rounds):
-        (result,) = await broadcaster.broadcast(tensors, status.policy_version + 1 + round_, [address])
-        if not result.ok:
-            raise RuntimeError(f"weight sync to {address} failed: {result.error}")
-        results.append(result)
+    try:
+        for round_ in range(rounds):
+            (result,) = await broadcaster.broadcast(tensors, status.policy_version + 1 + round_, [address])
+            if not result.ok:
+                raise RuntimeError(f"weight sync to {address} over {transport} failed: {result.error}")
+            results.append(result)
+    finally:
+        await broadcaster.close()
     return results

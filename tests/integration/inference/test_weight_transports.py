@@ -14,6 +14,7 @@ from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.model.weights import TORCH_TO_PB, iter_update_messages
 from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
 from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster, StagingBuffer, ipc_header
+from rlrun.trainer.weight_sync import measure_sync
 from rlrun.v1 import inference_pb2, sampling_pb2, weights_pb2
 
 from .conftest import other_weights
@@ -139,3 +140,18 @@ async def test_a_torch_replica_refuses_a_vllm_collective_and_reports_what_it_tak
     assert info.device == "cpu" and info.node_id
     assert weights_pb2.WEIGHT_TRANSPORT_IPC in info.transports
     assert list(info.backends) == [weights_pb2.COLLECTIVE_BACKEND_TORCH_GLOO]
+
+
+@pytest.mark.parametrize("transport", ["ipc", "nccl", "auto"])
+async def test_measure_sync_times_each_round_to_a_served_replica(service, transport):
+    tensors = other_weights(service.service.config, seed=9)
+    results = await measure_sync(service.address, tensors, transport, rounds=2)
+    assert [r.bytes for r in results] == [sum(t.nbytes for t in tensors.values())] * 2
+    assert all(r.seconds > 0 for r in results)
+    assert await served_version(service.stub) == 2
+
+
+async def test_measure_sync_names_the_replicas_error(service):
+    tensors = other_weights(service.service.config, seed=9)
+    with pytest.raises(RuntimeError, match="over ipc failed: INVALID_ARGUMENT: header.tensors"):
+        await measure_sync(service.address, dict(list(tensors.items())[1:]), "ipc", rounds=1)

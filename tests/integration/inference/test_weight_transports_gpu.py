@@ -90,14 +90,11 @@ async def test_a_torch_nccl_group_reaches_a_replica_on_another_gpu(start_service
 
 
 @needs_gpu
-async def test_measure_sync_reports_bytes_and_seconds_per_round(start_service):
+@pytest.mark.parametrize("transport", ["ipc", "auto", "grpc"])
+async def test_measure_sync_reports_bytes_and_seconds_per_round(start_service, transport):
     service = await start_service('inference.device="cuda:0"', http=False)
     tensors = on("cuda:0", other_weights(service.service.config, seed=9))
-    broadcaster = IpcWeightBroadcaster([service.address], SETTINGS, ClientOptions())
-    try:
-        results = await measure_sync(broadcaster, service.address, tensors, rounds=3)
-    finally:
-        await broadcaster.close()
-    assert [r.ok for r in results] == [True] * 3
-    assert all(r.bytes == sum(t.nbytes for t in tensors.values()) for r in results)
-    print("weight sync GB/s:", [round(r.bytes / r.seconds / 1e9, 3) for r in results])
+    results = await measure_sync(service.address, tensors, transport, rounds=3)
+    assert [r.bytes for r in results] == [sum(t.nbytes for t in tensors.values())] * 3
+    assert await served_version(service.stub) == 3
+    print(transport, "weight sync GB/s:", [round(r.bytes / r.seconds / 1e9, 3) for r in results])
