@@ -12,7 +12,8 @@ workers; gRPC only carries the handshake. Per update:
    rank (the replica's first rank), group_name}` (the checksum is 0: the bytes never pass
    through the CPU).
 3. Join the group as rank 0 (hosting its rendezvous store at host:port) and broadcast every
-   tensor in header order.
+   tensor in header order. For a torch group, a replica that refuses its header (it answers
+   at once and never joins) ends the trainer's wait for the receivers at once.
 4. Each replica answers its UpdateWeights call once it has received and loaded the tensors.
 
 A group is reused while the set of live replicas stays the same; a new set, or a failed
@@ -34,15 +35,18 @@ own default group (FSDP, DDP) is left alone.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
+import grpc
 import torch
 import torch.distributed as dist
 
@@ -83,6 +87,26 @@ def _nccl_group(store: dist.Store, rank: int, world_size: int, timeout: timedelt
             del os.environ[NCCL_ERROR_HANDLING]
 
 
+JOINED_KEY = "rlrun/joined"
+"""Counts the receivers connected to the rendezvous store of a torch weight group."""
+
+JOIN_POLL_S = 0.02
+
+
+def _wait_for_receivers(
+    store: dist.TCPStore, receivers: int, timeout: timedelta, abort: threading.Event
+) -> None:
+    """Until every receiver has connected, or `abort` is set (a replica refused the update and
+    will never join: the trainer must not wait out the whole timeout for it)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while (joined := store.add(JOINED_KEY, 0)) < receivers:
+        if abort.is_set():
+            raise RuntimeError(f"a replica refused the update ({joined} of {receivers} receivers joined)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{joined} of {receivers} receivers joined the weight group within {timeout}")
+        time.sleep(JOIN_POLL_S)
+
+
 class _TorchGroup:
     """A torch.distributed group of its own over the rendezvous store."""
 
@@ -95,9 +119,17 @@ class _TorchGroup:
         world_size: int,
         device: torch.device,
         timeout: timedelta,
+        abort: threading.Event,
     ):
-        # The master store waits for every rank to connect: this call is the rendezvous.
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        # The rendezvous: the trainer (rank 0) hosts the store and waits for every receiver to
+        # connect and count itself in.
+        self.store = dist.TCPStore(
+            host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        )
+        if rank == 0:
+            _wait_for_receivers(self.store, world_size - 1, timeout, abort)
+        else:
+            self.store.add(JOINED_KEY, 1)
         if backend == "gloo":
             self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         else:
@@ -130,11 +162,19 @@ BACKENDS = {
 
 
 def join_weight_group(
-    backend: str, host: str, port: int, rank: int, world_size: int, device: torch.device, timeout: timedelta
+    backend: str,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    timeout: timedelta,
+    abort: threading.Event | None = None,
 ) -> WeightGroup:
-    """Blocks until every rank of the group has joined."""
+    """Blocks until every rank of the group has joined. `abort` (rank 0 of a torch group):
+    set when a receiver will not join; the wait then fails at once."""
     if backend in ("gloo", "nccl"):
-        return _TorchGroup(backend, host, port, rank, world_size, device, timeout)
+        return _TorchGroup(backend, host, port, rank, world_size, device, timeout, abort or threading.Event())
     if backend == "pynccl":
         return _PyNcclGroup(host, port, rank, world_size, device)
     raise ValueError(f"unknown weight-broadcast backend {backend!r}")
@@ -159,6 +199,11 @@ def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _abort_on_refusal(abort: threading.Event, handshake: asyncio.Future) -> None:
+    if not handshake.cancelled() and handshake.result()[0]:
+        abort.set()
 
 
 @dataclass
@@ -219,10 +264,10 @@ class CollectiveWeightBroadcaster:
             )
         return self.group
 
-    def _transfer(self, group: _Group, tensors: dict[str, torch.Tensor]) -> None:
+    def _transfer(self, group: _Group, tensors: dict[str, torch.Tensor], abort: threading.Event) -> None:
         if group.joined is None:
             group.joined = join_weight_group(
-                self.backend, self.host, group.port, 0, group.world_size, self.device, self.timeout
+                self.backend, self.host, group.port, 0, group.world_size, self.device, self.timeout, abort
             )
         for tensor in tensors.values():
             group.joined.broadcast(tensor.contiguous())
@@ -237,6 +282,8 @@ class CollectiveWeightBroadcaster:
                 iter([weights_pb2.WeightUpdateMessage(header=header)]), timeout=self.config.timeout_s
             )
             return "", time.perf_counter() - started
+        except grpc.aio.AioRpcError as error:
+            return f"{error.code().name}: {error.details()}", time.perf_counter() - started
         except Exception as error:  # reported per replica, never raised: the others go on
             return f"{type(error).__name__}: {error}", time.perf_counter() - started
 
@@ -282,14 +329,18 @@ class CollectiveWeightBroadcaster:
                     )
                 )
                 handshakes.append(asyncio.ensure_future(self._handshake(address, header)))
+            # A replica that refuses the header answers at once and never joins: stop waiting.
+            abort = threading.Event()
+            for handshake in handshakes:
+                handshake.add_done_callback(functools.partial(_abort_on_refusal, abort))
             transfer_error = ""
             try:
-                await asyncio.to_thread(self._transfer, group, tensors)
+                await asyncio.to_thread(self._transfer, group, tensors, abort)
             except Exception as error:  # the group is unusable now; the next update makes a new one
                 transfer_error = f"collective transfer failed: {type(error).__name__}: {error}"
                 log.error("%s", transfer_error)
             for address, (error, seconds) in zip(live, await asyncio.gather(*handshakes), strict=True):
-                error = transfer_error or error
+                error = error or transfer_error  # a replica's own refusal names the cause
                 results[address] = ReplicaResult(
                     address=address,
                     ok=not error,
