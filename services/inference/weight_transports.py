@@ -42,8 +42,12 @@ COLLECTIVE_TIMEOUT_S = 120.0
 """How long joining a weight group, or one transfer over it, may take (the trainer's default
 `trainer.broadcast.timeout_s`). The engine's decode loop waits that long at worst."""
 
-CUDA_IPC_HANDLE_BYTES = 64
-"""sizeof(cudaIpcMemHandle_t) and sizeof(cudaIpcEventHandle_t)."""
+CUDA_IPC_EVENT_HANDLE_BYTES = 64
+"""sizeof(cudaIpcEventHandle_t)."""
+
+MAX_CUDA_HANDLE_BYTES = 4096
+"""An allocation's handle is torch's versioned encoding (a cudaIpcMemHandle_t, or an
+expandable segment's handles); torch parses it, this only bounds it."""
 
 _SHM_NAME = re.compile(r"/torch_\d+_\d+_\d+")
 """The shared-memory objects torch's file_system strategy creates (and nothing else)."""
@@ -160,11 +164,11 @@ def _check_offsets(ipc: weights_pb2.IpcBuffer, layout: TensorLayout) -> None:
 
 
 def _cuda_handle(handle: weights_pb2.CudaIpcHandle) -> tuple:
-    if len(handle.handle) != CUDA_IPC_HANDLE_BYTES:
-        raise RequestError("header.ipc.cuda.handle", f"a CUDA IPC handle has {CUDA_IPC_HANDLE_BYTES} bytes")
-    if handle.event_sync_required and len(handle.event_handle) != CUDA_IPC_HANDLE_BYTES:
+    if not 0 < len(handle.handle) <= MAX_CUDA_HANDLE_BYTES:
+        raise RequestError("header.ipc.cuda.handle", f"must have 1 to {MAX_CUDA_HANDLE_BYTES} bytes")
+    if len(handle.event_handle) != CUDA_IPC_EVENT_HANDLE_BYTES:
         raise RequestError(
-            "header.ipc.cuda.event_handle", f"a CUDA IPC event handle has {CUDA_IPC_HANDLE_BYTES} bytes"
+            "header.ipc.cuda.event_handle", f"a CUDA IPC event handle has {CUDA_IPC_EVENT_HANDLE_BYTES} bytes"
         )
     if handle.storage_size_bytes < 0 or handle.storage_offset_bytes < 0 or handle.device < 0:
         raise RequestError("header.ipc.cuda", "device, storage size and offset must be >= 0")

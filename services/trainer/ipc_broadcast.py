@@ -62,7 +62,7 @@ def _export(storage: torch.UntypedStorage, size: int) -> weights_pb2.IpcBuffer:
                 storage_offset_bytes=storage_offset,
                 ref_counter_handle=ref_handle,
                 ref_counter_offset=ref_offset,
-                event_handle=event or b"",
+                event_handle=event,
                 event_sync_required=sync,
             ),
         )

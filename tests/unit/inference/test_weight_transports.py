@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from rlrun.common.errors import RequestError
+from rlrun.inference.weight_transports import ipc_source
 from rlrun.trainer.ipc_broadcast import StagingBuffer, ipc_header
+from rlrun.v1 import weights_pb2 as pb
 
 from .conftest import tiny_model
 
@@ -63,3 +65,52 @@ async def test_an_abandoned_ipc_update_never_undoes_a_later_one(engine):
     # The engine applied them in order: the later update is what it serves.
     await engine.score([4, 20, 21], 1, 1.0)  # runs after both updates
     assert engine.core.version == 5 and holds(engine, later)
+
+
+def cuda_header(engine, **handle) -> pb.WeightUpdateHeader:
+    _, staging = staged(engine, seed=11)
+    header = ipc_header(staging, 1)
+    fields = {
+        "device": 0,
+        "handle": b"\x01\x00" + bytes(range(64)),
+        "storage_size_bytes": staging.size,
+        "storage_offset_bytes": 512,
+        "ref_counter_handle": b"/torch_7_8_9",
+        "ref_counter_offset": 3,
+        "event_handle": bytes(64),
+        "event_sync_required": True,
+    }
+    header.ipc.cuda.CopyFrom(pb.CudaIpcHandle(**{**fields, **handle}))
+    return header
+
+
+async def test_a_cuda_handle_is_rebuilt_field_by_field_in_torchs_order(engine):
+    source = ipc_source(cuda_header(engine), engine.weight_specs())
+    assert source.shared_memory is None
+    # UntypedStorage._new_shared_cuda(device, handle, size, offset, ref counter handle, ref
+    # counter offset, event handle, event sync required)
+    assert source.cuda == (
+        0,
+        b"\x01\x00" + bytes(range(64)),
+        source.size,
+        512,
+        b"/torch_7_8_9",
+        3,
+        bytes(64),
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("handle", "field"),
+    [
+        ({"handle": b""}, "header.ipc.cuda.handle"),
+        ({"handle": bytes(5000)}, "header.ipc.cuda.handle"),
+        ({"event_handle": bytes(10)}, "header.ipc.cuda.event_handle"),
+        ({"storage_offset_bytes": -1}, "header.ipc.cuda"),
+    ],
+)
+async def test_a_malformed_cuda_handle_names_its_field(engine, handle, field):
+    with pytest.raises(RequestError) as caught:
+        ipc_source(cuda_header(engine, **handle), engine.weight_specs())
+    assert caught.value.field == field
