@@ -19,24 +19,19 @@ raises `RequestError` before any parameter is written, so a failed update change
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from rlrun.common.errors import RequestError
+from rlrun.common.model.weight_groups import TORCH_BACKENDS, WeightGroup, join_weight_group, node_id
 from rlrun.common.model.weights import TensorLayout
 from rlrun.v1 import weights_pb2
-
-if TYPE_CHECKING:
-    from rlrun.trainer.collective_broadcast import WeightGroup
 
 COLLECTIVE_TIMEOUT_S = 120.0
 """How long joining a weight group, or one transfer over it, may take (the trainer's default
@@ -52,25 +47,7 @@ expandable segment's handles); torch parses it, this only bounds it."""
 _SHM_NAME = re.compile(r"/torch_\d+_\d+_\d+")
 """The shared-memory objects torch's file_system strategy creates (and nothing else)."""
 
-TORCH_BACKENDS = {
-    weights_pb2.COLLECTIVE_BACKEND_TORCH_NCCL: "nccl",
-    weights_pb2.COLLECTIVE_BACKEND_TORCH_GLOO: "gloo",
-}
-
 Specs = tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
-
-
-@functools.cache
-def node_id() -> str:
-    """Equal for two processes that can map each other's memory: same host, same boot, same
-    IPC namespace (two containers on one machine share the boot id but not /dev/shm)."""
-    boot = Path("/proc/sys/kernel/random/boot_id")
-    boot_id = boot.read_text().strip() if boot.exists() else ""
-    try:
-        namespace = os.readlink("/proc/self/ns/ipc")
-    except OSError:
-        namespace = ""
-    return f"{socket.gethostname()}/{boot_id}/{namespace}"
 
 
 def sync_info(device: torch.device) -> weights_pb2.WeightSyncInfo:
@@ -345,8 +322,6 @@ class WeightReceiver:
         return self._received[1]
 
     def _receive(self, source: CollectiveSource) -> dict[str, torch.Tensor]:
-        from rlrun.trainer.collective_broadcast import join_weight_group
-
         try:
             if self._group is None or self._group[0] != source.group:
                 self._group = None

@@ -30,7 +30,7 @@ import torch
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.inference.weight_transports import node_id
+from rlrun.common.model.weight_groups import node_id
 from rlrun.trainer.broadcast import (
     GrpcWeightBroadcaster,
     ReplicaResult,
