@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -237,7 +237,9 @@ def _sync(device: torch.device) -> None:
 class _Opened:
     """One update's tensors, ready for the core to copy."""
 
-    def __init__(self, open_tensors, devices: tuple[torch.device, ...]):
+    def __init__(
+        self, open_tensors: Callable[[], Mapping[str, torch.Tensor]], devices: tuple[torch.device, ...]
+    ):
         self._open = open_tensors
         self._devices = devices
 

@@ -207,7 +207,8 @@ class _FrameSocket:
 
 
 class _EngineProcessChannel:
-    """Turns staged weight updates into tensors of the shared staging area."""
+    """Turns staged weight updates into tensors of the shared staging area, and fetched ones
+    (IPC, a collective) into sources its `WeightReceiver` opens."""
 
     def __init__(self, frames: _FrameSocket, specs, receiver: WeightReceiver):
         self._frames = frames
