@@ -18,7 +18,7 @@ from rlrun.inference.engines.base import Completion, Engine, QueueFullError, che
 from rlrun.inference.text_path import TextPath
 from rlrun.inference.validation import check_score, check_token_ids
 from rlrun.inference.weight_stream import StreamBroken, receive_update
-from rlrun.v1 import inference_pb2, inference_pb2_grpc
+from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 )
                 if not update.header.rollback:
                     check_version_order(update.header.version, self.engine.policy_version)
-                if update.tensors is None:
+                if update.header.transport == weights_pb2.WEIGHT_TRANSPORT_IPC:
+                    apply_seconds = await self.engine.receive_weights_ipc(update.header)
+                elif update.tensors is None:
                     apply_seconds = await self.engine.receive_weights_nccl(update.header)
                 else:
                     apply_seconds = await self.engine.update_weights(update.tensors, update.header.version)
@@ -192,6 +194,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             engine=status.engine,
             max_model_len=status.max_model_len,
             tokenizer=self.text.info,
+            weight_sync=self.engine.weight_sync_info(),
         )
 
     @grpc_errors

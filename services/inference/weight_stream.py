@@ -20,6 +20,12 @@ from rlrun.common.errors import RequestError
 from rlrun.common.model.weights import LayoutCache, WeightAssembler
 from rlrun.v1 import weights_pb2
 
+HEADER_ONLY = {
+    weights_pb2.WEIGHT_TRANSPORT_NCCL: ("nccl", "an NCCL update (the tensors go over the collective)"),
+    weights_pb2.WEIGHT_TRANSPORT_IPC: ("ipc", "an IPC update (the tensors stay in the trainer's buffer)"),
+}
+"""Transports whose stream is the header alone: the header field that says where the tensors are."""
+
 
 class StreamBroken(Exception):
     """The client stream ended before the update was complete."""
@@ -29,7 +35,7 @@ class StreamBroken(Exception):
 class ReceivedUpdate:
     header: weights_pb2.WeightUpdateHeader
     tensors: dict[str, torch.Tensor] | None
-    """None for an NCCL update: the tensors follow over the collective."""
+    """None for a header-only update (`HEADER_ONLY`): the engine fetches the tensors."""
     bytes_received: int
 
 
@@ -64,15 +70,18 @@ async def _receive(
     header = first.header
     if header.version < 0:
         raise RequestError("header.version", f"header.version must be >= 0, got {header.version}")
-    if header.transport == weights_pb2.WEIGHT_TRANSPORT_NCCL:
-        if not header.HasField("nccl"):
-            raise RequestError("header.nccl", "an NCCL update needs header.nccl (the rendezvous)")
+    fetched = HEADER_ONLY.get(header.transport)
+    if fetched is not None:
+        field, what = fetched
+        if not header.HasField(field):
+            raise RequestError(f"header.{field}", f"{what} needs header.{field}")
         async for message in messages:
             raise RequestError(
                 message.WhichOneof("payload") or "payload",
-                "an NCCL update carries only the header; the tensors go over the collective",
+                f"{what} carries only the header; the replica fetches the tensors",
             )
-        return ReceivedUpdate(header, None, 0)
+        # Counted once the engine has fetched them, which checks the total against the model.
+        return ReceivedUpdate(header, None, header.total_bytes)
     assembler = WeightAssembler(header, layouts.layout(header), buffer)
     async for message in messages:
         if message.WhichOneof("payload") != "chunk":

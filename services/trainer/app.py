@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import socket
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,6 @@ from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.logs import setup_logging
 from rlrun.common.model import arch_dict
 from rlrun.common.service import ServiceContext, limit_threads, log_dir_for, serve_main
-from rlrun.trainer.broadcast import GrpcWeightBroadcaster, WeightBroadcaster
 from rlrun.trainer.checkpoint import checkpoint_root, latest_checkpoint, load_checkpoint, start_fresh
 from rlrun.trainer.coordinator import Coordinator, serve_commands
 from rlrun.trainer.distributed import CommandChannel, init_parallelism, shutdown
@@ -26,35 +24,10 @@ from rlrun.trainer.learner import build_learner
 from rlrun.trainer.replica_watch import ReplicaWatch
 from rlrun.trainer.runtime import TrainerRuntime
 from rlrun.trainer.servicer import SERVICE_NAME, TrainerServicer
+from rlrun.trainer.weight_sync import make_broadcaster
 from rlrun.v1 import trainer_pb2_grpc
 
 log = logging.getLogger("rlrun.trainer")
-
-
-def nccl_host(config: RunConfig) -> str:
-    if config.trainer.broadcast.nccl_host:
-        return config.trainer.broadcast.nccl_host
-    if config.trainer.address:
-        return config.trainer.address.rsplit(":", 1)[0].strip("[]")
-    return socket.gethostname()
-
-
-def make_broadcaster(config: RunConfig, client: ClientOptions) -> WeightBroadcaster:
-    addresses = list(config.inference.addresses)
-    settings = config.trainer.broadcast
-    if settings.transport == "nccl":
-        from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
-
-        return CollectiveWeightBroadcaster(
-            addresses,
-            settings,
-            client,
-            host=nccl_host(config),
-            backend="nccl",
-            ranks_per_replica=config.inference.vllm.tensor_parallel_size,
-            device=config.trainer.device,
-        )
-    return GrpcWeightBroadcaster(addresses, settings, client)
 
 
 def create_runtime(

@@ -12,35 +12,37 @@ workers; gRPC only carries the handshake. Per update:
    rank (the replica's first rank), group_name}` (the checksum is 0: the bytes never pass
    through the CPU).
 3. Join the group as rank 0 (hosting its rendezvous store at host:port) and broadcast every
-   tensor in header order.
+   tensor in header order. For a torch group, a replica that refuses its header (it answers
+   at once and never joins) ends the trainer's wait for the receivers at once.
 4. Each replica answers its UpdateWeights call once it has received and loaded the tensors.
 
 A group is reused while the set of live replicas stays the same; a new set, or a failed
 transfer, makes a new group under a new name (and port, unless `nccl_port` pins it).
 Receivers join when the rendezvous they are sent differs from the one they joined last.
 
-`join_weight_group` is the one way both sides join: for "nccl", vLLM's `StatelessProcessGroup`
-and `PyNcclCommunicator` (what the vLLM workers use; the trainer then needs the `vllm` extra);
-for "gloo", a torch gloo group over a TCPStore, which runs the very same protocol on CPU
-tensors (tests, no GPU needed).
+`join_weight_group` (`rlrun.common.model.weight_groups`) is the one way both sides join:
+"pynccl" (vLLM's communicator), "nccl" (a standalone torch.distributed NCCL group) or "gloo"
+(the same over CPU tensors: tests, no GPU needed), named in the header's `nccl.backend`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
 
+import grpc
 import torch
-import torch.distributed as dist
 
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.model.weight_groups import BACKENDS, WeightGroup, join_weight_group
 from rlrun.common.model.weights import TORCH_TO_PB
 from rlrun.trainer.broadcast import ReplicaResult, replica_client_options, resize_channels, retry_unavailable
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
@@ -48,46 +50,6 @@ from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
 log = logging.getLogger("rlrun.trainer.collective_broadcast")
 
 PROBE_TIMEOUT_S = 10.0
-
-
-class WeightGroup(Protocol):
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """From rank 0 into `tensor` on every other rank, in place."""
-        ...
-
-
-class _GlooGroup:
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout: timedelta):
-        # The master store waits for every rank to connect: this call is the rendezvous.
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
-
-
-class _NcclGroup:
-    def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device):
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        self.device = device
-        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-        self.communicator = PyNcclCommunicator(group, device=device)
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream(self.device))
-
-
-def join_weight_group(
-    backend: str, host: str, port: int, rank: int, world_size: int, device: torch.device, timeout: timedelta
-) -> WeightGroup:
-    """Blocks until every rank of the group has joined."""
-    if backend == "gloo":
-        return _GlooGroup(host, port, rank, world_size, timeout)
-    if backend == "nccl":
-        return _NcclGroup(host, port, rank, world_size, device)
-    raise ValueError(f"unknown weight-broadcast backend {backend!r}")
 
 
 def header_for(
@@ -111,6 +73,11 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def _abort_on_refusal(abort: threading.Event, handshake: asyncio.Future) -> None:
+    if not handshake.cancelled() and handshake.result()[0]:
+        abort.set()
+
+
 @dataclass
 class _Group:
     name: str
@@ -128,7 +95,7 @@ class CollectiveWeightBroadcaster:
         config: BroadcastConfig,
         client: ClientOptions,
         host: str,
-        backend: str = "nccl",
+        backend: str = "pynccl",
         ranks_per_replica: int = 1,
         device: str | torch.device = "cuda",
     ):
@@ -169,14 +136,14 @@ class CollectiveWeightBroadcaster:
             )
         return self.group
 
-    def _transfer(self, group: _Group, tensors: dict[str, torch.Tensor]) -> None:
+    def _transfer(self, group: _Group, tensors: dict[str, torch.Tensor], abort: threading.Event) -> None:
         if group.joined is None:
             group.joined = join_weight_group(
-                self.backend, self.host, group.port, 0, group.world_size, self.device, self.timeout
+                self.backend, self.host, group.port, 0, group.world_size, self.device, self.timeout, abort
             )
         for tensor in tensors.values():
             group.joined.broadcast(tensor.contiguous())
-        if self.backend == "nccl":
+        if self.backend != "gloo":
             torch.cuda.synchronize(self.device)
 
     async def _handshake(self, address: str, header: weights_pb2.WeightUpdateHeader) -> tuple[str, float]:
@@ -187,6 +154,8 @@ class CollectiveWeightBroadcaster:
                 iter([weights_pb2.WeightUpdateMessage(header=header)]), timeout=self.config.timeout_s
             )
             return "", time.perf_counter() - started
+        except grpc.aio.AioRpcError as error:
+            return f"{error.code().name}: {error.details()}", time.perf_counter() - started
         except Exception as error:  # reported per replica, never raised: the others go on
             return f"{type(error).__name__}: {error}", time.perf_counter() - started
 
@@ -228,17 +197,22 @@ class CollectiveWeightBroadcaster:
                         world_size=group.world_size,
                         rank=1 + index * self.ranks_per_replica,
                         group_name=group.name,
+                        backend=BACKENDS[self.backend],
                     )
                 )
                 handshakes.append(asyncio.ensure_future(self._handshake(address, header)))
+            # A replica that refuses the header answers at once and never joins: stop waiting.
+            abort = threading.Event()
+            for handshake in handshakes:
+                handshake.add_done_callback(functools.partial(_abort_on_refusal, abort))
             transfer_error = ""
             try:
-                await asyncio.to_thread(self._transfer, group, tensors)
+                await asyncio.to_thread(self._transfer, group, tensors, abort)
             except Exception as error:  # the group is unusable now; the next update makes a new one
                 transfer_error = f"collective transfer failed: {type(error).__name__}: {error}"
                 log.error("%s", transfer_error)
             for address, (error, seconds) in zip(live, await asyncio.gather(*handshakes), strict=True):
-                error = transfer_error or error
+                error = error or transfer_error  # a replica's own refusal names the cause
                 results[address] = ReplicaResult(
                     address=address,
                     ok=not error,

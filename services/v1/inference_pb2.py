@@ -27,15 +27,15 @@ from rlrun.v1 import sampling_pb2 as rlrun_dot_v1_dot_sampling__pb2
 from rlrun.v1 import weights_pb2 as rlrun_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlrun/v1/inference.proto\x12\x08rlrun.v1\x1a\x13rlrun/v1/plan.proto\x1a\x17rlrun/v1/sampling.proto\x1a\x16rlrun/v1/weights.proto\"k\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.rlrun.v1.SamplingParams\"\x9a\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12-\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x16.rlrun.v1.FinishReason\x12\x1c\n\x14policy_version_start\x18\x04 \x01(\x03\x12\x1a\n\x12policy_version_end\x18\x05 \x01(\x03\"T\n\x10GenerateResponse\x12)\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x14.rlrun.v1.Completion\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\"E\n\x0cScoreRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05start\x18\x02 \x01(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"9\n\rScoreResponse\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"W\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\x12\x15\n\rapply_seconds\x18\x03 \x01(\x01\"\x1b\n\x19GetInferenceStatusRequest\"\xf0\x01\n\x1aGetInferenceStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x18\n\x10running_requests\x18\x02 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x03 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x0e\n\x06paused\x18\x05 \x01(\x08\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x15\n\rmax_model_len\x18\x08 \x01(\x05\x12*\n\ttokenizer\x18\t \x01(\x0b\x32\x17.rlrun.v1.TokenizerInfo\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"[\n\x11RenderChatRequest\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.rlrun.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"$\n\x0fRenderedMessage\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"o\n\x12RenderChatResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.rlrun.v1.RenderedMessage\x12\x19\n\x11generation_prompt\x18\x02 \x03(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\"~\n\x13GenerateChatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x08messages\x18\x02 \x03(\x0b\x32\x15.rlrun.v1.ChatMessage\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.rlrun.v1.SamplingParams\"H\n\x0e\x43hatCompletion\x12(\n\ncompletion\x18\x01 \x01(\x0b\x32\x14.rlrun.v1.Completion\x12\x0c\n\x04text\x18\x02 \x01(\t\"s\n\x14GenerateChatResponse\x12,\n\x06prompt\x18\x01 \x01(\x0b\x32\x1c.rlrun.v1.RenderChatResponse\x12-\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x18.rlrun.v1.ChatCompletion\"\x1f\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"C\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x0e\n\x0cPauseRequest\"\x1f\n\rPauseResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"\x0f\n\rResumeRequest\" \n\x0eResumeResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xd5\x05\n\x10InferenceService\x12\x41\n\x08Generate\x12\x19.rlrun.v1.GenerateRequest\x1a\x1a.rlrun.v1.GenerateResponse\x12M\n\x0cGenerateChat\x12\x1d.rlrun.v1.GenerateChatRequest\x1a\x1e.rlrun.v1.GenerateChatResponse\x12G\n\nRenderChat\x12\x1b.rlrun.v1.RenderChatRequest\x1a\x1c.rlrun.v1.RenderChatResponse\x12\x41\n\x08Tokenize\x12\x19.rlrun.v1.TokenizeRequest\x1a\x1a.rlrun.v1.TokenizeResponse\x12G\n\nDetokenize\x12\x1b.rlrun.v1.DetokenizeRequest\x1a\x1c.rlrun.v1.DetokenizeResponse\x12\x38\n\x05Score\x12\x16.rlrun.v1.ScoreRequest\x1a\x17.rlrun.v1.ScoreResponse\x12Q\n\rUpdateWeights\x12\x1d.rlrun.v1.WeightUpdateMessage\x1a\x1f.rlrun.v1.UpdateWeightsResponse(\x01\x12V\n\tGetStatus\x12#.rlrun.v1.GetInferenceStatusRequest\x1a$.rlrun.v1.GetInferenceStatusResponse\x12\x38\n\x05Pause\x12\x16.rlrun.v1.PauseRequest\x1a\x17.rlrun.v1.PauseResponse\x12;\n\x06Resume\x12\x17.rlrun.v1.ResumeRequest\x1a\x18.rlrun.v1.ResumeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlrun/v1/inference.proto\x12\x08rlrun.v1\x1a\x13rlrun/v1/plan.proto\x1a\x17rlrun/v1/sampling.proto\x1a\x16rlrun/v1/weights.proto\"k\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.rlrun.v1.SamplingParams\"\x9a\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12-\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x16.rlrun.v1.FinishReason\x12\x1c\n\x14policy_version_start\x18\x04 \x01(\x03\x12\x1a\n\x12policy_version_end\x18\x05 \x01(\x03\"T\n\x10GenerateResponse\x12)\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x14.rlrun.v1.Completion\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\"E\n\x0cScoreRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05start\x18\x02 \x01(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"9\n\rScoreResponse\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"W\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\x12\x15\n\rapply_seconds\x18\x03 \x01(\x01\"\x1b\n\x19GetInferenceStatusRequest\"\x9f\x02\n\x1aGetInferenceStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x18\n\x10running_requests\x18\x02 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x03 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x0e\n\x06paused\x18\x05 \x01(\x08\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x15\n\rmax_model_len\x18\x08 \x01(\x05\x12*\n\ttokenizer\x18\t \x01(\x0b\x32\x17.rlrun.v1.TokenizerInfo\x12-\n\x0bweight_sync\x18\n \x01(\x0b\x32\x18.rlrun.v1.WeightSyncInfo\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"[\n\x11RenderChatRequest\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.rlrun.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"$\n\x0fRenderedMessage\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"o\n\x12RenderChatResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.rlrun.v1.RenderedMessage\x12\x19\n\x11generation_prompt\x18\x02 \x03(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\"~\n\x13GenerateChatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x08messages\x18\x02 \x03(\x0b\x32\x15.rlrun.v1.ChatMessage\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.rlrun.v1.SamplingParams\"H\n\x0e\x43hatCompletion\x12(\n\ncompletion\x18\x01 \x01(\x0b\x32\x14.rlrun.v1.Completion\x12\x0c\n\x04text\x18\x02 \x01(\t\"s\n\x14GenerateChatResponse\x12,\n\x06prompt\x18\x01 \x01(\x0b\x32\x1c.rlrun.v1.RenderChatResponse\x12-\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x18.rlrun.v1.ChatCompletion\"\x1f\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"C\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x0e\n\x0cPauseRequest\"\x1f\n\rPauseResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"\x0f\n\rResumeRequest\" \n\x0eResumeResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xd5\x05\n\x10InferenceService\x12\x41\n\x08Generate\x12\x19.rlrun.v1.GenerateRequest\x1a\x1a.rlrun.v1.GenerateResponse\x12M\n\x0cGenerateChat\x12\x1d.rlrun.v1.GenerateChatRequest\x1a\x1e.rlrun.v1.GenerateChatResponse\x12G\n\nRenderChat\x12\x1b.rlrun.v1.RenderChatRequest\x1a\x1c.rlrun.v1.RenderChatResponse\x12\x41\n\x08Tokenize\x12\x19.rlrun.v1.TokenizeRequest\x1a\x1a.rlrun.v1.TokenizeResponse\x12G\n\nDetokenize\x12\x1b.rlrun.v1.DetokenizeRequest\x1a\x1c.rlrun.v1.DetokenizeResponse\x12\x38\n\x05Score\x12\x16.rlrun.v1.ScoreRequest\x1a\x17.rlrun.v1.ScoreResponse\x12Q\n\rUpdateWeights\x12\x1d.rlrun.v1.WeightUpdateMessage\x1a\x1f.rlrun.v1.UpdateWeightsResponse(\x01\x12V\n\tGetStatus\x12#.rlrun.v1.GetInferenceStatusRequest\x1a$.rlrun.v1.GetInferenceStatusResponse\x12\x38\n\x05Pause\x12\x16.rlrun.v1.PauseRequest\x1a\x17.rlrun.v1.PauseResponse\x12;\n\x06Resume\x12\x17.rlrun.v1.ResumeRequest\x1a\x18.rlrun.v1.ResumeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlrun.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1837
-  _globals['_FINISHREASON']._serialized_end=1957
+  _globals['_FINISHREASON']._serialized_start=1884
+  _globals['_FINISHREASON']._serialized_end=2004
   _globals['_GENERATEREQUEST']._serialized_start=108
   _globals['_GENERATEREQUEST']._serialized_end=215
   _globals['_COMPLETION']._serialized_start=218
@@ -51,37 +51,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=679
   _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=706
   _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=709
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=949
-  _globals['_CHATMESSAGE']._serialized_start=951
-  _globals['_CHATMESSAGE']._serialized_end=995
-  _globals['_RENDERCHATREQUEST']._serialized_start=997
-  _globals['_RENDERCHATREQUEST']._serialized_end=1088
-  _globals['_RENDEREDMESSAGE']._serialized_start=1090
-  _globals['_RENDEREDMESSAGE']._serialized_end=1126
-  _globals['_RENDERCHATRESPONSE']._serialized_start=1128
-  _globals['_RENDERCHATRESPONSE']._serialized_end=1239
-  _globals['_GENERATECHATREQUEST']._serialized_start=1241
-  _globals['_GENERATECHATREQUEST']._serialized_end=1367
-  _globals['_CHATCOMPLETION']._serialized_start=1369
-  _globals['_CHATCOMPLETION']._serialized_end=1441
-  _globals['_GENERATECHATRESPONSE']._serialized_start=1443
-  _globals['_GENERATECHATRESPONSE']._serialized_end=1558
-  _globals['_TOKENIZEREQUEST']._serialized_start=1560
-  _globals['_TOKENIZEREQUEST']._serialized_end=1591
-  _globals['_TOKENIZERESPONSE']._serialized_start=1593
-  _globals['_TOKENIZERESPONSE']._serialized_end=1630
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1632
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1699
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1701
-  _globals['_DETOKENIZERESPONSE']._serialized_end=1735
-  _globals['_PAUSEREQUEST']._serialized_start=1737
-  _globals['_PAUSEREQUEST']._serialized_end=1751
-  _globals['_PAUSERESPONSE']._serialized_start=1753
-  _globals['_PAUSERESPONSE']._serialized_end=1784
-  _globals['_RESUMEREQUEST']._serialized_start=1786
-  _globals['_RESUMEREQUEST']._serialized_end=1801
-  _globals['_RESUMERESPONSE']._serialized_start=1803
-  _globals['_RESUMERESPONSE']._serialized_end=1835
-  _globals['_INFERENCESERVICE']._serialized_start=1960
-  _globals['_INFERENCESERVICE']._serialized_end=2685
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=996
+  _globals['_CHATMESSAGE']._serialized_start=998
+  _globals['_CHATMESSAGE']._serialized_end=1042
+  _globals['_RENDERCHATREQUEST']._serialized_start=1044
+  _globals['_RENDERCHATREQUEST']._serialized_end=1135
+  _globals['_RENDEREDMESSAGE']._serialized_start=1137
+  _globals['_RENDEREDMESSAGE']._serialized_end=1173
+  _globals['_RENDERCHATRESPONSE']._serialized_start=1175
+  _globals['_RENDERCHATRESPONSE']._serialized_end=1286
+  _globals['_GENERATECHATREQUEST']._serialized_start=1288
+  _globals['_GENERATECHATREQUEST']._serialized_end=1414
+  _globals['_CHATCOMPLETION']._serialized_start=1416
+  _globals['_CHATCOMPLETION']._serialized_end=1488
+  _globals['_GENERATECHATRESPONSE']._serialized_start=1490
+  _globals['_GENERATECHATRESPONSE']._serialized_end=1605
+  _globals['_TOKENIZEREQUEST']._serialized_start=1607
+  _globals['_TOKENIZEREQUEST']._serialized_end=1638
+  _globals['_TOKENIZERESPONSE']._serialized_start=1640
+  _globals['_TOKENIZERESPONSE']._serialized_end=1677
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1679
+  _globals['_DETOKENIZEREQUEST']._serialized_end=1746
+  _globals['_DETOKENIZERESPONSE']._serialized_start=1748
+  _globals['_DETOKENIZERESPONSE']._serialized_end=1782
+  _globals['_PAUSEREQUEST']._serialized_start=1784
+  _globals['_PAUSEREQUEST']._serialized_end=1798
+  _globals['_PAUSERESPONSE']._serialized_start=1800
+  _globals['_PAUSERESPONSE']._serialized_end=1831
+  _globals['_RESUMEREQUEST']._serialized_start=1833
+  _globals['_RESUMEREQUEST']._serialized_end=1848
+  _globals['_RESUMERESPONSE']._serialized_start=1850
+  _globals['_RESUMERESPONSE']._serialized_end=1882
+  _globals['_INFERENCESERVICE']._serialized_start=2007
+  _globals['_INFERENCESERVICE']._serialized_end=2732
 # @@protoc_insertion_point(module_scope)

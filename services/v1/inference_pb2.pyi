@@ -86,7 +86,7 @@ class GetInferenceStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInferenceStatusResponse(_message.Message):
-    __slots__ = ("policy_version", "running_requests", "waiting_requests", "tokens_per_s", "paused", "model", "engine", "max_model_len", "tokenizer")
+    __slots__ = ("policy_version", "running_requests", "waiting_requests", "tokens_per_s", "paused", "model", "engine", "max_model_len", "tokenizer", "weight_sync")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class GetInferenceStatusResponse(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     running_requests: int
     waiting_requests: int
@@ -105,7 +106,8 @@ class GetInferenceStatusResponse(_message.Message):
     engine: str
     max_model_len: int
     tokenizer: _plan_pb2.TokenizerInfo
-    def __init__(self, policy_version: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., paused: _Optional[bool] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., tokenizer: _Optional[_Union[_plan_pb2.TokenizerInfo, _Mapping]] = ...) -> None: ...
+    weight_sync: _weights_pb2.WeightSyncInfo
+    def __init__(self, policy_version: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., paused: _Optional[bool] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., tokenizer: _Optional[_Union[_plan_pb2.TokenizerInfo, _Mapping]] = ..., weight_sync: _Optional[_Union[_weights_pb2.WeightSyncInfo, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -24,25 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/weights.proto\x12\x08rlrun.v1\"I\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0f.rlrun.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"b\n\x0eNcclRendezvous\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\ngroup_name\x18\x05 \x01(\t\"\xdb\x01\n\x12WeightUpdateHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12%\n\x07tensors\x18\x02 \x03(\x0b\x32\x14.rlrun.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12,\n\ttransport\x18\x05 \x01(\x0e\x32\x19.rlrun.v1.WeightTransport\x12&\n\x04nccl\x18\x06 \x01(\x0b\x32\x18.rlrun.v1.NcclRendezvous\x12\x10\n\x08rollback\x18\x07 \x01(\x08\";\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"x\n\x13WeightUpdateMessage\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rlrun.v1.WeightUpdateHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.rlrun.v1.WeightChunkH\x00\x42\t\n\x07payload*\x94\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x04\x12\x10\n\x0c\x44_TYPE_INT64\x10\x05\x12\x10\n\x0c\x44_TYPE_INT32\x10\x06*i\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_GRPC\x10\x01\x12\x19\n\x15WEIGHT_TRANSPORT_NCCL\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlrun/v1/weights.proto\x12\x08rlrun.v1\"I\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0f.rlrun.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x90\x01\n\x0eNcclRendezvous\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\ngroup_name\x18\x05 \x01(\t\x12,\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1b.rlrun.v1.CollectiveBackend\"\xd4\x01\n\rCudaIpcHandle\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0e\n\x06handle\x18\x02 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x03 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x05 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x06 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x07 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x08 \x01(\x08\"3\n\x12SharedMemoryHandle\x12\x0f\n\x07manager\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xad\x01\n\tIpcBuffer\x12\x11\n\tbuffer_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\'\n\x04\x63uda\x18\x03 \x01(\x0b\x32\x17.rlrun.v1.CudaIpcHandleH\x00\x12\x35\n\rshared_memory\x18\x04 \x01(\x0b\x32\x1c.rlrun.v1.SharedMemoryHandleH\x00\x12\x0f\n\x07offsets\x18\x05 \x03(\x03\x42\x08\n\x06handle\"\x8f\x01\n\x0eWeightSyncInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12-\n\ntransports\x18\x03 \x03(\x0e\x32\x19.rlrun.v1.WeightTransport\x12-\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0e\x32\x1b.rlrun.v1.CollectiveBackend\"\xfd\x01\n\x12WeightUpdateHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12%\n\x07tensors\x18\x02 \x03(\x0b\x32\x14.rlrun.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12,\n\ttransport\x18\x05 \x01(\x0e\x32\x19.rlrun.v1.WeightTransport\x12&\n\x04nccl\x18\x06 \x01(\x0b\x32\x18.rlrun.v1.NcclRendezvous\x12\x10\n\x08rollback\x18\x07 \x01(\x08\x12 \n\x03ipc\x18\x08 \x01(\x0b\x32\x13.rlrun.v1.IpcBuffer\";\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"x\n\x13WeightUpdateMessage\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rlrun.v1.WeightUpdateHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.rlrun.v1.WeightChunkH\x00\x42\t\n\x07payload*\x94\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x04\x12\x10\n\x0c\x44_TYPE_INT64\x10\x05\x12\x10\n\x0c\x44_TYPE_INT32\x10\x06*\x83\x01\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_GRPC\x10\x01\x12\x19\n\x15WEIGHT_TRANSPORT_NCCL\x10\x02\x12\x18\n\x14WEIGHT_TRANSPORT_IPC\x10\x03*\x9c\x01\n\x11\x43ollectiveBackend\x12\"\n\x1e\x43OLLECTIVE_BACKEND_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43OLLECTIVE_BACKEND_PYNCCL\x10\x01\x12!\n\x1d\x43OLLECTIVE_BACKEND_TORCH_NCCL\x10\x02\x12!\n\x1d\x43OLLECTIVE_BACKEND_TORCH_GLOO\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlrun.v1.weights_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=617
-  _globals['_DTYPE']._serialized_end=765
-  _globals['_WEIGHTTRANSPORT']._serialized_start=767
-  _globals['_WEIGHTTRANSPORT']._serialized_end=872
+  _globals['_DTYPE']._serialized_start=1288
+  _globals['_DTYPE']._serialized_end=1436
+  _globals['_WEIGHTTRANSPORT']._serialized_start=1439
+  _globals['_WEIGHTTRANSPORT']._serialized_end=1570
+  _globals['_COLLECTIVEBACKEND']._serialized_start=1573
+  _globals['_COLLECTIVEBACKEND']._serialized_end=1729
   _globals['_TENSORSPEC']._serialized_start=36
   _globals['_TENSORSPEC']._serialized_end=109
-  _globals['_NCCLRENDEZVOUS']._serialized_start=111
-  _globals['_NCCLRENDEZVOUS']._serialized_end=209
-  _globals['_WEIGHTUPDATEHEADER']._serialized_start=212
-  _globals['_WEIGHTUPDATEHEADER']._serialized_end=431
-  _globals['_WEIGHTCHUNK']._serialized_start=433
-  _globals['_WEIGHTCHUNK']._serialized_end=492
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=494
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=614
+  _globals['_NCCLRENDEZVOUS']._serialized_start=112
+  _globals['_NCCLRENDEZVOUS']._serialized_end=256
+  _globals['_CUDAIPCHANDLE']._serialized_start=259
+  _globals['_CUDAIPCHANDLE']._serialized_end=471
+  _globals['_SHAREDMEMORYHANDLE']._serialized_start=473
+  _globals['_SHAREDMEMORYHANDLE']._serialized_end=524
+  _globals['_IPCBUFFER']._serialized_start=527
+  _globals['_IPCBUFFER']._serialized_end=700
+  _globals['_WEIGHTSYNCINFO']._serialized_start=703
+  _globals['_WEIGHTSYNCINFO']._serialized_end=846
+  _globals['_WEIGHTUPDATEHEADER']._serialized_start=849
+  _globals['_WEIGHTUPDATEHEADER']._serialized_end=1102
+  _globals['_WEIGHTCHUNK']._serialized_start=1104
+  _globals['_WEIGHTCHUNK']._serialized_end=1163
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=1165
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=1285
 # @@protoc_insertion_point(module_scope)

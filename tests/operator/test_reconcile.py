@@ -484,10 +484,10 @@ def test_algorithm_args_are_checked_when_the_config_renders(extra, where):
 
 
 def test_engine_override_that_breaks_the_config_is_a_config_error():
-    nccl = BASE_CONFIG + '[inference]\nengine = "vllm"\n[trainer.broadcast]\ntransport = "nccl"\n'
-    assert desired_state(make_run(config=nccl)).error is None
-    state = desired_state(make_run(config=nccl, inference={"engine": "torch"}))
-    assert "nccl" in state.error_message and state.objects == []
+    ipc = BASE_CONFIG + '[inference]\nengine = "torch"\n[trainer.broadcast]\ntransport = "ipc"\n'
+    assert desired_state(make_run(config=ipc)).error is None
+    state = desired_state(make_run(config=ipc, inference={"engine": "vllm"}))
+    assert "ipc" in state.error_message and state.objects == []
 
 
 def test_run_names_that_cannot_name_children_are_refused():

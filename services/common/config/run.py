@@ -51,8 +51,11 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cross_sections(self) -> RunConfig:
-        if self.trainer.broadcast.transport == "nccl" and self.inference.engine != "vllm":
-            raise ValueError("trainer.broadcast.transport = 'nccl' needs inference.engine = 'vllm'")
+        if self.trainer.broadcast.transport == "ipc" and self.inference.engine != "torch":
+            raise ValueError(
+                f"trainer.broadcast.transport = 'ipc' needs inference.engine = 'torch', not "
+                f"{self.inference.engine!r} (use 'nccl' or 'auto')"
+            )
         longest = max(
             [self.orchestrator.train.sampling.max_completion_tokens]
             + [e.sampling.max_completion_tokens or 0 for e in self.orchestrator.train.env]

@@ -56,8 +56,14 @@ class CheckpointConfig(Section):
 
 
 class BroadcastConfig(Section):
-    transport: Literal["grpc", "nccl"] = "grpc"
-    """How weights reach inference: gRPC chunk stream, or NCCL on GPU clusters. Default: grpc."""
+    transport: Literal["grpc", "ipc", "nccl", "auto"] = "grpc"
+    """How weights reach inference (docs/weight-sync.md): "grpc", the chunk stream (works
+    everywhere); "ipc", replicas on the trainer's node read the trainer's staging buffer (CUDA
+    IPC on a GPU, shared memory on CPU; torch engine only); "nccl", a collective (vLLM's
+    communicator for the vllm engine, a torch.distributed group for the torch engine: NCCL
+    from a CUDA trainer, gloo from a CPU one); "auto", gRPC from a CPU trainer, else per
+    replica: IPC on the trainer's node, NCCL elsewhere, gRPC where neither works.
+    Default: grpc."""
 
     chunk_mb: float = Field(4.0, gt=0, le=4.0)
     """Chunk size of the weight stream in MiB (at most 4). Default: 4."""
@@ -66,7 +72,8 @@ class BroadcastConfig(Section):
     """Retries per replica on UNAVAILABLE before it is reported down. Default: 3."""
 
     timeout_s: float = Field(120.0, gt=0)
-    """Deadline of one replica's update (and of the NCCL collective). Default: 120."""
+    """Deadline of one replica's update (and of the NCCL collective; an IPC update's replica
+    answers once it has copied the weights). Default: 120."""
 
     resync_interval_s: float = Field(2.0, gt=0)
     """How often the trainer asks every replica for its policy version. A replica behind it
@@ -75,7 +82,7 @@ class BroadcastConfig(Section):
     answers again. Default: 2."""
 
     nccl_host: str = ""
-    """Host the replicas reach the trainer's NCCL rendezvous store at (transport = nccl); empty
+    """Host the replicas reach the trainer's NCCL rendezvous store at (transport = nccl or auto); empty
     means the host part of `trainer.address`, else this machine's host name. Default: empty."""
 
     nccl_port: int = Field(0, ge=0, le=65535)

@@ -160,6 +160,16 @@ class Engine(ABC):
         """Joins the NCCL group the header names (once) and receives the announced tensors from
         rank 0 of it; applied atomically like `update_weights`."""
 
+    async def receive_weights_ipc(self, header: weights_pb2.WeightUpdateHeader) -> float:
+        """Maps the trainer's staging buffer the header names (`header.ipc`) and copies the
+        announced tensors from it, atomically like `update_weights`; returns once the copy is
+        done, since the trainer then reuses the buffer."""
+        raise RequestError("header.transport", f"the {self.name} engine takes no IPC weight updates")
+
+    def weight_sync_info(self) -> weights_pb2.WeightSyncInfo:
+        """What this replica tells the trainer for choosing a weight transport (GetStatus)."""
+        return weights_pb2.WeightSyncInfo(transports=[weights_pb2.WEIGHT_TRANSPORT_GRPC])
+
     @abstractmethod
     def status(self) -> EngineStatus: ...
 

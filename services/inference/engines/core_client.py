@@ -11,11 +11,16 @@ every command dispatched after it held behind it: its caller's reply goes out fi
 the core wakes up to copy the weights in, which on a machine with few cores would otherwise
 take the CPU from that reply. Nothing can overtake the commit, so every request made after
 the update returned is still served by it.
+
+An update the core fetches itself (IPC, a collective: `_transfer`) is different: the sender
+reuses its memory once the call returns, so the call waits until the core has copied it in,
+and the version changes only then (a failed fetch changes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -40,7 +45,6 @@ from rlrun.inference.engines.torch_core import (
     DONE,
     END,
     FAILED,
-    NCCL_UNSUPPORTED,
     Cancel,
     CoreOutput,
     CoreStats,
@@ -49,6 +53,13 @@ from rlrun.inference.engines.torch_core import (
     Submit,
 )
 from rlrun.inference.throughput import ThroughputMeter
+from rlrun.inference.weight_transports import (
+    CollectiveSource,
+    IpcSource,
+    collective_source,
+    ipc_source,
+    sync_info,
+)
 from rlrun.v1 import weights_pb2
 
 log = logging.getLogger(__name__)
@@ -87,8 +98,12 @@ def check_update(tensors: Mapping[str, torch.Tensor], expected: dict[str, torch.
 class CoreClient(Engine):
     name = "torch"
 
-    def __init__(self, *, model_name: str, vocab_size: int, max_model_len: int, max_waiting: int):
+    def __init__(
+        self, *, model_name: str, vocab_size: int, max_model_len: int, max_waiting: int, device: torch.device
+    ):
         self.model_name = model_name
+        self.device = device
+        """Where the core's parameters live."""
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_samples = max_waiting
@@ -102,6 +117,9 @@ class CoreClient(Engine):
         self._closed: Exception | None = None
         self._held: list | None = None
         """Commands waiting for the loop's next turn (`_dispatch_soon`), in order."""
+        self._updates = 0
+        """Updates handed to the core so far: a fetch that completes after a later update was
+        committed must not set its older version."""
 
     @abstractmethod
     def _send(self, command) -> None:
@@ -135,6 +153,10 @@ class CoreClient(Engine):
     @abstractmethod
     async def _apply(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Hands a checked update to the core (through `_commit`); returns once it is committed."""
+
+    @abstractmethod
+    def _fetch_command(self, rid: int, source: IpcSource | CollectiveSource, version: int):
+        """The core's command that fetches the update at `source` and copies it in."""
 
     # -- the core's outputs ----------------------------------------------------------------------
 
@@ -262,6 +284,7 @@ class CoreClient(Engine):
         in (its apply seconds)."""
         applied = asyncio.get_running_loop().create_future()
         self._dispatch_soon(make_command(self._open(applied)))
+        self._updates += 1
         self._set_version(version)
         applied.add_done_callback(self._update_applied)
         return applied
@@ -283,7 +306,33 @@ class CoreClient(Engine):
         return await self._call(lambda rid: Score(rid, list(token_ids), start, temperature, top_logprobs))
 
     async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
-        raise RequestError("header.transport", NCCL_UNSUPPORTED)
+        return await self._transfer(
+            collective_source(header, self.weight_specs(), self.device), header.version
+        )
+
+    async def receive_weights_ipc(self, header: weights_pb2.WeightUpdateHeader) -> float:
+        return await self._transfer(ipc_source(header, self.weight_specs()), header.version)
+
+    def weight_sync_info(self) -> weights_pb2.WeightSyncInfo:
+        return sync_info(self.device)
+
+    async def _transfer(self, source: IpcSource | CollectiveSource, version: int) -> float:
+        """Has the core fetch the update and copy it in between two steps; returns once it
+        has (the sender's memory is free again), with the seconds it took."""
+        started = time.perf_counter()
+        self._updates += 1
+        _, done = self._post(lambda rid: self._fetch_command(rid, source, version))
+        # Recorded even if the caller gives up waiting: the core may still apply it.
+        done.add_done_callback(functools.partial(self._fetched, self._updates, version))
+        await asyncio.shield(done)
+        return time.perf_counter() - started
+
+    def _fetched(self, update: int, version: int, done: asyncio.Future) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        metrics.WEIGHT_APPLY_SECONDS.observe(done.result())
+        if update == self._updates:
+            self._set_version(version)
 
     def status(self) -> EngineStatus:
         return self._status(

@@ -46,13 +46,10 @@ from rlrun.inference.params import GenerationParams
 from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
 from rlrun.inference.scheduler import Admission, SlotScheduler
 from rlrun.inference.structured import GrammarCompiler
+from rlrun.inference.weight_transports import WeightSource
 
 log = logging.getLogger(__name__)
 
-NCCL_UNSUPPORTED = (
-    "the torch engine receives weights over gRPC only (WEIGHT_TRANSPORT_GRPC); "
-    "NCCL needs inference.engine = 'vllm'"
-)
 
 STATS_INTERVAL_S = 0.05
 """Longest a step's statistics wait for an output that carries answers."""
@@ -88,8 +85,9 @@ class Score:
 class ApplyWeights:
     rid: int
     version: int
-    tensors: Mapping[str, torch.Tensor]
-    """Every tensor of the model, already checked against it (`CoreClient.update_weights`)."""
+    tensors: Mapping[str, torch.Tensor] | WeightSource
+    """Every tensor of the model, already checked against it (`CoreClient.update_weights`), or
+    where to fetch them from (IPC, a collective): fetched between two steps, then copied in."""
 
 
 @dataclass
@@ -280,14 +278,18 @@ class TorchEngineCore:
             return
         self._requests[command.rid] = request
 
-    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> float:
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor] | WeightSource, version: int) -> float:
         """Copies an update (checked by `CoreClient.update_weights`, its version by the
-        servicer) into the parameters."""
+        servicer) into the parameters. A `WeightSource` that cannot be opened raises
+        RequestError before any parameter is written."""
         started = time.perf_counter()
+        update = tensors if isinstance(tensors, Mapping) else tensors.open()
         with torch.no_grad():
-            names = list(tensors)
+            names = list(update)
             # In place: the CUDA graphs of static decode steps read the parameters' storage.
-            torch._foreach_copy_([self.tensors[n] for n in names], [tensors[n] for n in names])
+            torch._foreach_copy_([self.tensors[n] for n in names], [update[n] for n in names])
+        if not isinstance(tensors, Mapping):
+            tensors.copied()
         if self._static is not None:
             self._static.check_weights()
         self.version = version

@@ -28,6 +28,7 @@ from rlrun.inference.engines.torch_core import (
 )
 from rlrun.inference.engines.torch_process import TorchEngineProcess
 from rlrun.inference.structured import GrammarCompiler, model_grammars
+from rlrun.inference.weight_transports import CollectiveSource, IpcSource, WeightReceiver
 
 
 class _ThreadChannel:
@@ -74,6 +75,7 @@ class TorchEngine(CoreClient):
             vocab_size=model.config.vocab_size,
             max_model_len=max_model_len,
             max_waiting=max_waiting,
+            device=next(model.parameters()).device,
         )
         self.core = TorchEngineCore(
             model,
@@ -89,6 +91,7 @@ class TorchEngine(CoreClient):
         self.model = self.core.model
         self._channel: _ThreadChannel | None = None
         self._thread: threading.Thread | None = None
+        self._receiver = WeightReceiver(self.core.device)
 
     async def start(self) -> None:
         self._channel = _ThreadChannel(asyncio.get_running_loop(), self._deliver)
@@ -125,6 +128,9 @@ class TorchEngine(CoreClient):
             tensors = await asyncio.to_thread(lambda: {n: t.to(device) for n, t in tensors.items()})
         # The core copies from the caller's tensors, which are free again once this returns.
         await asyncio.shield(self._commit(lambda rid: ApplyWeights(rid, version, tensors), version))
+
+    def _fetch_command(self, rid: int, source: IpcSource | CollectiveSource, version: int) -> ApplyWeights:
+        return ApplyWeights(rid, version, self._receiver.source(source))
 
 
 def create_engine(config: RunConfig):

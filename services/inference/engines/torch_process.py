@@ -15,6 +15,10 @@ the engine handles commands in order, so every later request is served by it, an
 does not wait for the copy (a decode step of a large model can take a while). The next
 update waits for it before it writes into the staging area.
 
+An update over IPC or a collective crosses this socket as its checked source only
+(`_FetchWeights`): the engine process, where the parameters live, maps the trainer's buffer
+or joins the weight group itself (`WeightReceiver`), so those bytes never pass through here.
+
 If the engine process dies, every open call fails and `on_dead` fires (the service stops,
 so the replica restarts). If the front end dies, the engine process sees its socket close
 and exits.
@@ -58,6 +62,7 @@ from rlrun.inference.engines.torch_core import (
     run,
 )
 from rlrun.inference.structured import model_grammars
+from rlrun.inference.weight_transports import CollectiveSource, IpcSource, WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,14 @@ class _ApplyStaged:
     version: int
     offsets: dict[str, int] | None
     """Byte offset of each tensor in the staging area; None: the canonical layout."""
+
+
+@dataclass
+class _FetchWeights:
+    rid: int
+    version: int
+    source: IpcSource | CollectiveSource
+    """Checked by the front end; opened by the engine process's `WeightReceiver`."""
 
 
 def _frame(message) -> bytes:
@@ -195,11 +208,13 @@ class _FrameSocket:
 
 
 class _EngineProcessChannel:
-    """Turns staged weight updates into tensors of the shared staging area."""
+    """Turns staged weight updates into tensors of the shared staging area, and fetched ones
+    (IPC, a collective) into sources its `WeightReceiver` opens."""
 
-    def __init__(self, frames: _FrameSocket, specs):
+    def __init__(self, frames: _FrameSocket, specs, receiver: WeightReceiver):
         self._frames = frames
         self._specs = specs
+        self._receiver = receiver
         self._canonical, self._size = canonical_offsets(specs)
         self._staging: torch.Tensor | None = None
         self._canonical_views: dict[str, torch.Tensor] = {}
@@ -219,6 +234,9 @@ class _EngineProcessChannel:
                     else staged_views(self._staging, self._specs, message.offsets)
                 )
                 commands.append(ApplyWeights(message.rid, message.version, views))
+            elif isinstance(message, _FetchWeights):
+                source = self._receiver.source(message.source)
+                commands.append(ApplyWeights(message.rid, message.version, source))
             else:
                 commands.append(message)
         return commands
@@ -269,7 +287,7 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
     specs = [(name, t.dtype, tuple(t.shape)) for name, t in core.tensors.items()]
     try:
         frames.send(_Ready(specs, model.config.vocab_size))
-        run(core, _EngineProcessChannel(frames, specs))
+        run(core, _EngineProcessChannel(frames, specs, WeightReceiver(core.device)))
     except ChannelClosed:
         log.info("the inference front end is gone; the engine process exits")
 
@@ -286,6 +304,7 @@ class TorchEngineProcess(CoreClient):
             vocab_size=0,
             max_model_len=config.model.max_model_len,
             max_waiting=config.inference.max_waiting,
+            device=torch.device(config.inference.device),
         )
         self.config = config
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -438,6 +457,9 @@ class TorchEngineProcess(CoreClient):
             offsets = self._offsets
         layout = None if offsets == self._offsets else offsets
         self._staged = self._commit(lambda rid: _ApplyStaged(rid, version, layout), version)
+
+    def _fetch_command(self, rid: int, source: IpcSource | CollectiveSource, version: int) -> _FetchWeights:
+        return _FetchWeights(rid, version, source)
 
 
 async def _read(reader: asyncio.StreamReader):

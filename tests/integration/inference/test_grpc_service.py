@@ -149,7 +149,8 @@ def nccl_on_torch(messages):
     header = messages[0].header
     header.transport = weights_pb2.WEIGHT_TRANSPORT_NCCL
     header.nccl.CopyFrom(weights_pb2.NcclRendezvous(host="127.0.0.1", port=1, world_size=2, rank=1))
-    return messages[:1], grpc.StatusCode.INVALID_ARGUMENT, "header.transport"
+    # No backend named: vLLM's communicator, which the torch engine does not join.
+    return messages[:1], grpc.StatusCode.INVALID_ARGUMENT, "header.nccl.backend"
 
 
 @pytest.mark.parametrize(

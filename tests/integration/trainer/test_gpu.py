@@ -49,14 +49,14 @@ def test_the_learner_on_cuda_makes_the_cpu_update(tmp_path):
 @needs_two_gpus
 @needs_vllm
 async def test_nccl_broadcast_reaches_a_replica_on_another_gpu(start_replica, dead_address, tmp_path):
-    replica = await start_replica(backend="nccl", device="cuda:1")
+    replica = await start_replica(backend="pynccl", device="cuda:1")
     settings = BroadcastConfig(retries=1, timeout_s=60)
     broadcaster = CollectiveWeightBroadcaster(
         [replica.address, dead_address],
         settings,
         ClientOptions(),
         host="127.0.0.1",
-        backend="nccl",
+        backend="pynccl",
         device="cuda:0",
     )
     weights = {

@@ -169,7 +169,7 @@ def test_old_and_new_spelling_together_is_an_error(text, path):
         ({"orchestrator": {"train": {"env": [{"id": "a", "ratio": -1}]}}}, "orchestrator.train.env.0.ratio"),
         ({"orchestrator": {"actor": "teacher"}}, "orchestrator"),
         ({"orchestrator": {"eval": {"pass_k": 4}}}, "orchestrator.eval"),
-        ({"trainer": {"broadcast": {"transport": "nccl"}}}, ""),
+        ({"trainer": {"broadcast": {"transport": "ipc"}}, "inference": {"engine": "vllm"}}, ""),
         ({"trainer": {"lr": "fast"}}, "trainer.lr"),
         ({"trainer": {"lrr": 1}}, "trainer.lrr"),
         ({"inference": {"http_port": 65536}}, "inference.http_port"),
