@@ -102,6 +102,7 @@ CONFIG_READS: dict[str, tuple[ConfigPath, ...]] = {
     TRAINER: (
         *_SHARED_READS,
         ("trainer",),
+        ("inference", "engine"),  # the weight transport's collective backend
         ("inference", "vllm"),
         ("orchestrator", "max_steps"),
         ("orchestrator", "warm_start"),

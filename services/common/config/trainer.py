@@ -56,14 +56,14 @@ class CheckpointConfig(Section):
 
 
 class BroadcastConfig(Section):
-    transport: Literal["grpc", "ipc", "nccl", "auto"] = "grpc"
+    transport: Literal["grpc", "ipc", "nccl", "auto"] = "auto"
     """How weights reach inference (docs/weight-sync.md): "grpc", the chunk stream (works
     everywhere); "ipc", replicas on the trainer's node read the trainer's staging buffer (CUDA
     IPC on a GPU, shared memory on CPU; torch engine only); "nccl", a collective (vLLM's
     communicator for the vllm engine, a torch.distributed group for the torch engine: NCCL
     from a CUDA trainer, gloo from a CPU one); "auto", gRPC from a CPU trainer, else per
-    replica: IPC on the trainer's node, NCCL elsewhere, gRPC where neither works.
-    Default: grpc."""
+    replica: IPC on the trainer's node, NCCL elsewhere, gRPC where neither works (so a CPU
+    run is on gRPC and a GPU run takes the fastest path its replicas offer). Default: auto."""
 
     chunk_mb: float = Field(4.0, gt=0, le=4.0)
     """Chunk size of the weight stream in MiB (at most 4). Default: 4."""
