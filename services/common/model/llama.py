@@ -17,14 +17,24 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [T, heads, D]; rotate_half convention, as in HF.
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """The cos and sin tables [T, 1, D] of `positions`, in `dtype`: computed once per
+        forward and shared by every layer's queries and keys (per layer they were a dozen
+        kernels of a decode step that launches some hundreds)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return emb.cos()[:, None, :].to(dtype), emb.sin()[:, None, :].to(dtype)
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x [T, heads, D] rotated by its positions' tables (rotate_half convention, as in HF)."""
+    cos, sin = rope
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 class SelfAttention(nn.Module):
@@ -41,16 +51,14 @@ class SelfAttention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attend: Attend, layer: int
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, layer: int) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, positions), rotary(k, positions)
+        q, k = rotate(q, rope), rotate(k, rope)
         out = attend(layer, q, k, v)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -74,10 +82,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attend: Attend, layer: int
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attend, layer)
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attend, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -104,6 +110,7 @@ class LlamaForCausalLM(CausalLM):
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.model.rotary_emb, attend, i)
+            x = layer(x, rope, attend, i)
         return self.model.norm(x)
