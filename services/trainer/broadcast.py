@@ -113,13 +113,32 @@ async def resize_channels(
     channels.update({a: kept.get(a) or open_channel(a, options) for a in addresses})
 
 
-class GrpcWeightBroadcaster:
-    tensors_on_cpu = True
+class ReplicaChannels:
+    """What every broadcaster keeps: one gRPC channel per replica, in configured order, with
+    the options a weight update's stream runs under."""
 
     def __init__(self, addresses: list[str], config: BroadcastConfig, client: ClientOptions):
         self.config = config
         self.options = replica_client_options(client, config)
-        self.channels = {address: open_channel(address, self.options) for address in addresses}
+        self.channels: dict[str, grpc.aio.Channel] = {a: open_channel(a, self.options) for a in addresses}
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self.channels)
+
+    def targets(self, to: Sequence[str] | None) -> list[str]:
+        """The replicas of one broadcast: `to`, or all of them."""
+        return list(self.channels) if to is None else list(to)
+
+    async def set_addresses(self, addresses: list[str]) -> None:
+        await resize_channels(self.channels, addresses, self.options)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(channel.close() for channel in self.channels.values()))
+
+
+class GrpcWeightBroadcaster(ReplicaChannels):
+    tensors_on_cpu = True
 
     async def _send(
         self, address: str, tensors: dict[str, torch.Tensor], version: int, total_bytes: int, rollback: bool
@@ -140,13 +159,6 @@ class GrpcWeightBroadcaster:
             return ReplicaResult(address=address, ok=False, error=error, seconds=seconds)
         return ReplicaResult(address=address, ok=True, seconds=seconds, bytes=total_bytes)
 
-    @property
-    def addresses(self) -> list[str]:
-        return list(self.channels)
-
-    async def set_addresses(self, addresses: list[str]) -> None:
-        await resize_channels(self.channels, addresses, self.options)
-
     async def broadcast(
         self,
         tensors: dict[str, torch.Tensor],
@@ -154,13 +166,10 @@ class GrpcWeightBroadcaster:
         to: Sequence[str] | None = None,
         rollback: bool = False,
     ) -> list[ReplicaResult]:
-        targets = list(self.channels) if to is None else list(to)
+        targets = self.targets(to)
         if not targets:
             return []
         total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return list(
             await asyncio.gather(*(self._send(a, tensors, version, total_bytes, rollback) for a in targets))
         )
-
-    async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel in self.channels.values()))

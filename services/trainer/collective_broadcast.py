@@ -41,10 +41,10 @@ import grpc
 import torch
 
 from rlrun.common.config.trainer import BroadcastConfig
-from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.model.weight_groups import BACKENDS, WeightGroup, join_weight_group
 from rlrun.common.model.weights import TORCH_TO_PB
-from rlrun.trainer.broadcast import ReplicaResult, replica_client_options, resize_channels, retry_unavailable
+from rlrun.trainer.broadcast import ReplicaChannels, ReplicaResult, retry_unavailable
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
 
 log = logging.getLogger("rlrun.trainer.collective_broadcast")
@@ -88,7 +88,7 @@ class _Group:
     """Set by the first transfer: joining blocks until the replicas join too."""
 
 
-class CollectiveWeightBroadcaster:
+class CollectiveWeightBroadcaster(ReplicaChannels):
     def __init__(
         self,
         addresses: list[str],
@@ -99,14 +99,12 @@ class CollectiveWeightBroadcaster:
         ranks_per_replica: int = 1,
         device: str | torch.device = "cuda",
     ):
-        self.config = config
+        super().__init__(addresses, config, client)
         self.host = host
         self.backend = backend
         self.ranks_per_replica = ranks_per_replica
         self.device = torch.device(device)
         self.timeout = timedelta(seconds=config.timeout_s)
-        self.options = replica_client_options(client, config)
-        self.channels = {address: open_channel(address, self.options) for address in addresses}
         self.generation = 0
         self.group: _Group | None = None
 
@@ -159,12 +157,7 @@ class CollectiveWeightBroadcaster:
         except Exception as error:  # reported per replica, never raised: the others go on
             return f"{type(error).__name__}: {error}", time.perf_counter() - started
 
-    @property
-    def addresses(self) -> list[str]:
-        return list(self.channels)
-
-    async def set_addresses(self, addresses: list[str]) -> None:
-        await resize_channels(self.channels, addresses, self.options)  # the next update forms a new group
+    # set_addresses (ReplicaChannels): the next update forms a group of the new set.
 
     async def broadcast(
         self,
@@ -175,7 +168,7 @@ class CollectiveWeightBroadcaster:
     ) -> list[ReplicaResult]:
         """`to`: a subset (a replica re-synced after a restart) forms a group of its own for
         this update; the next full update forms the full group again."""
-        targets = list(self.channels) if to is None else list(to)
+        targets = self.targets(to)
         if not targets:
             return []
         probes = dict(zip(targets, await asyncio.gather(*(self._probe(a) for a in targets)), strict=True))
@@ -223,6 +216,3 @@ class CollectiveWeightBroadcaster:
             if any(not results[a].ok for a in live):
                 self.group = None
         return [results[a] for a in targets]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel in self.channels.values()))

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 import torch
 
 from rlrun.common.config.trainer import BroadcastConfig
-from rlrun.common.grpc_client import ClientOptions, open_channel
+from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.model.weights import TORCH_TO_PB
-from rlrun.trainer.broadcast import ReplicaResult, replica_client_options, resize_channels, retry_unavailable
+from rlrun.trainer.broadcast import ReplicaChannels, ReplicaResult, retry_unavailable
 from rlrun.v1 import inference_pb2_grpc, weights_pb2
 
 log = logging.getLogger("rlrun.trainer.ipc_broadcast")
@@ -124,24 +124,15 @@ def ipc_header(
     )
 
 
-class IpcWeightBroadcaster:
+class IpcWeightBroadcaster(ReplicaChannels):
     tensors_on_cpu = False
     """The tensors are staged where they are: on the trainer's GPU, or on CPU."""
 
     def __init__(self, addresses: list[str], config: BroadcastConfig, client: ClientOptions):
-        self.config = config
-        self.options = replica_client_options(client, config)
-        self.channels = {address: open_channel(address, self.options) for address in addresses}
+        super().__init__(addresses, config, client)
         self.staging: StagingBuffer | None = None
         self._lock = asyncio.Lock()
         """Held from staging until every replica answered: the buffer is not written meanwhile."""
-
-    @property
-    def addresses(self) -> list[str]:
-        return list(self.channels)
-
-    async def set_addresses(self, addresses: list[str]) -> None:
-        await resize_channels(self.channels, addresses, self.options)
 
     def _stage(self, tensors: dict[str, torch.Tensor]) -> StagingBuffer:
         specs = _specs(tensors)
@@ -182,7 +173,7 @@ class IpcWeightBroadcaster:
     ) -> list[ReplicaResult]:
         """Each result's seconds run from the start of staging to the replica's answer: the
         whole sync, so that bytes / seconds is its throughput."""
-        targets = list(self.channels) if to is None else list(to)
+        targets = self.targets(to)
         if not targets:
             return []
         async with self._lock:
@@ -193,6 +184,3 @@ class IpcWeightBroadcaster:
             if not all(r.ok for r in results):
                 self.staging = None
         return results
-
-    async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel in self.channels.values()))

@@ -33,10 +33,9 @@ from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model.weight_groups import node_id
 from rlrun.trainer.broadcast import (
     GrpcWeightBroadcaster,
+    ReplicaChannels,
     ReplicaResult,
     WeightBroadcaster,
-    replica_client_options,
-    resize_channels,
 )
 from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
 from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
@@ -65,7 +64,7 @@ def choose_transport(
     return "grpc"
 
 
-class AutoWeightBroadcaster:
+class AutoWeightBroadcaster(ReplicaChannels):
     """Sends each replica the update over the transport `choose_transport` picks for it, all
     transports at once. A replica that fails an IPC or collective update gets it over gRPC at
     once, and stays on gRPC if that works. A replica's choice is kept until it fails an
@@ -81,19 +80,14 @@ class AutoWeightBroadcaster:
         config: BroadcastConfig,
         device: torch.device,
     ):
+        super().__init__(addresses, config, client)
         self.by_transport = by_transport
         self.device = device
         self.node = node_id()
-        self.options = replica_client_options(client, config)
-        self.channels = {address: open_channel(address, self.options) for address in addresses}
         self.choices: dict[str, str] = {}
 
-    @property
-    def addresses(self) -> list[str]:
-        return list(self.channels)
-
     async def set_addresses(self, addresses: list[str]) -> None:
-        await resize_channels(self.channels, addresses, self.options)
+        await super().set_addresses(addresses)
         await asyncio.gather(*(b.set_addresses(addresses) for b in self.by_transport.values()))
         self.choices = {a: t for a, t in self.choices.items() if a in addresses}
 
@@ -118,7 +112,7 @@ class AutoWeightBroadcaster:
         to: Sequence[str] | None = None,
         rollback: bool = False,
     ) -> list[ReplicaResult]:
-        targets = list(self.channels) if to is None else list(to)
+        targets = self.targets(to)
         unknown = [a for a in targets if a not in self.choices]
         chosen = dict(zip(unknown, await asyncio.gather(*(self._choose(a) for a in unknown)), strict=True))
         groups: dict[str, list[str]] = {}
@@ -164,7 +158,7 @@ class AutoWeightBroadcaster:
         return {r.address: r for r in results}
 
     async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel in self.channels.values()))
+        await super().close()
         await asyncio.gather(*(b.close() for b in self.by_transport.values()))
 
 
