@@ -45,6 +45,7 @@ from rlrun.common.config import RunConfig
 from rlrun.common.errors import RequestError
 from rlrun.common.model import ArchConfig, arch_dict, build_model, create_model, save_checkpoint_dir
 from rlrun.common.model.load import DTYPES
+from rlrun.common.model.weight_groups import node_id
 from rlrun.common.model.weights import PB_TO_TORCH, TORCH_TO_PB, broadcast_tensors
 from rlrun.common.types import SamplingParams
 from rlrun.inference import metrics
@@ -445,6 +446,16 @@ class VllmEngine(Engine):
         seconds = time.perf_counter() - started
         metrics.WEIGHT_APPLY_SECONDS.observe(seconds)
         return seconds
+
+    def weight_sync_info(self) -> weights_pb2.WeightSyncInfo:
+        """vLLM's workers take updates over gRPC or join vLLM's own NCCL communicator
+        (`vllm_worker`), so the trainer's `auto` picks the communicator from a CUDA trainer."""
+        return weights_pb2.WeightSyncInfo(
+            node_id=node_id(),
+            device="cuda",
+            transports=[weights_pb2.WEIGHT_TRANSPORT_GRPC, weights_pb2.WEIGHT_TRANSPORT_NCCL],
+            backends=[weights_pb2.COLLECTIVE_BACKEND_PYNCCL],
+        )
 
     def status(self) -> EngineStatus:
         return self._status(

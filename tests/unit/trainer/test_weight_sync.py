@@ -10,6 +10,7 @@ from rlrun.common import builtin
 from rlrun.common.config import resolve_config
 from rlrun.common.config.deprecations import ConfigError
 from rlrun.common.grpc_client import ClientOptions
+from rlrun.inference.engines.vllm_engine import VllmEngine
 from rlrun.trainer.broadcast import GrpcWeightBroadcaster
 from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
 from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
@@ -111,3 +112,11 @@ def test_a_transport_that_cannot_work_names_the_field(tmp_path, transport, engin
     with pytest.raises(ConfigError) as caught:
         config(tmp_path, transport, engine)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("trainer", "expected"), [(CUDA, "pynccl"), (CPU, "grpc")])
+def test_a_vllm_replica_beside_the_trainer_is_sent_vllms_communicator(tmp_path, trainer, expected):
+    """vLLM's workers never map the trainer's buffer: on the trainer's own node too, "auto"
+    picks the communicator they join (from what the engine itself reports)."""
+    replica = VllmEngine(config(tmp_path, "auto", engine="vllm")).weight_sync_info()
+    assert choose_transport(trainer, replica.node_id, replica) == expected
