@@ -11,6 +11,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from rlrun.bench.local_runs import run_local, timing_overrides
 from rlrun.bench.trainer import BareLoop
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.common.model import ArchConfig, CausalLM, build_model, create_model
+from rlrun.common.model import ArchConfig, CausalLM, arch_dict, build_model, create_model
 from rlrun.trainer.app import make_broadcaster
 from rlrun.trainer.coordinator import Coordinator
 from rlrun.trainer.distributed import Parallelism
@@ -78,7 +79,7 @@ class Setup:
 
     @property
     def vocab_size(self) -> int:
-        return ArchConfig.from_file(self.config().model.config).vocab_size
+        return ArchConfig.from_dict(arch_dict(self.config().model)).vocab_size
 
 
 class Rounds:
@@ -243,7 +244,7 @@ def graph_decode_times(setup: Setup, rounds: Rounds) -> list[float]:
     return times
 
 
-def capture(step) -> object:
+def capture(step: Callable[[], object]) -> Callable[[], None]:
     """`step` captured in a CUDA graph, after the warm-up on a side stream that capture needs
     (three runs of `step`: its buffers are to be reset before a replay); returns its replay."""
     stream = torch.cuda.Stream()
@@ -396,5 +397,5 @@ def write_model_config(preset: Path, fields: dict, work_dir: Path) -> Path:
 def parameter_count(setup: Setup) -> int:
     """The bench model's parameters, counted without building its weights."""
     with torch.device("meta"):
-        model = create_model(ArchConfig.from_file(setup.config().model.config))
+        model = create_model(ArchConfig.from_dict(arch_dict(setup.config().model)))
     return sum(p.numel() for p in model.parameters())

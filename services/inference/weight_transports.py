@@ -283,6 +283,7 @@ class WeightReceiver:
                 torch.cuda._lazy_init()
                 storage = torch.UntypedStorage._new_shared_cuda(*source.cuda)
             else:
+                assert source.shared_memory is not None  # ipc_source sets a cuda or a shared_memory handle
                 manager, name = source.shared_memory
                 # Mapping past the object's end would be a SIGBUS at the copy, not an error here.
                 available = os.stat(f"/dev/shm{name.decode()}").st_size

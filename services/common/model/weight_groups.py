@@ -21,7 +21,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -98,6 +98,8 @@ class _TorchGroup:
             _wait_for_receivers(self.store, world_size - 1, timeout, abort)
         else:
             self.store.add(JOINED_KEY, 1)
+        # Any: torch's stubs give the backend classes no `broadcast`, which they have at run time.
+        self.group: Any
         if backend == "gloo":
             self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         else:
