@@ -8,7 +8,7 @@ choices are numbered as OpenAI numbers them: sample j of prompt i is choice i * 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import replace
 
 from rlrun.common.aio import all_or_nothing
@@ -24,8 +24,8 @@ def _numbered(deltas: list[StreamDelta], first_choice: int) -> list[StreamDelta]
 
 
 async def primed_streams(
-    engine: Engine, requests: list[tuple[list[int], SamplingParams]]
-) -> tuple[list[StreamDelta], AsyncIterator[list[StreamDelta]]]:
+    engine: Engine, requests: Sequence[tuple[Sequence[int], SamplingParams]]
+) -> tuple[list[StreamDelta], AsyncGenerator[list[StreamDelta], None]]:
     """The token streams of every prompt as one, numbered as choices. Waits for each prompt's
     first tokens, so that a full queue still becomes an error status rather than a broken
     event stream."""
@@ -44,8 +44,8 @@ async def primed_streams(
 
 
 async def _merged(
-    streams: list[AsyncIterator[list[StreamDelta]]], n: int
-) -> AsyncIterator[list[StreamDelta]]:
+    streams: list[AsyncGenerator[list[StreamDelta], None]], n: int
+) -> AsyncGenerator[list[StreamDelta], None]:
     """Deltas of the streams as they come; stream i's sample j is choice i * n + j."""
     arrivals: asyncio.Queue = asyncio.Queue()
 

@@ -7,7 +7,7 @@ messages stay at those boundaries.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -125,9 +125,9 @@ class Engine(ABC):
     @abstractmethod
     def stream(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
-    ) -> AsyncIterator[list[StreamDelta]]:
+    ) -> AsyncGenerator[list[StreamDelta], None]:
         """Like `generate`, but yields the new tokens of every sample as they are decoded.
-        Closing the iterator early aborts the request."""
+        Closing the generator early (`aclose`) aborts the request."""
 
     @abstractmethod
     async def score(

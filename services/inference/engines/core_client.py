@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import torch
 
@@ -250,7 +250,7 @@ class CoreClient(Engine):
 
     async def stream(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
-    ) -> AsyncIterator[list[StreamDelta]]:
+    ) -> AsyncGenerator[list[StreamDelta], None]:
         queue: asyncio.Queue = asyncio.Queue()
         rid = self._open(queue)
         self._dispatch(Submit(rid, list(prompt), params, True, time.perf_counter()))

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -365,7 +365,7 @@ class VllmEngine(Engine):
 
     async def stream(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str = ""
-    ) -> AsyncIterator[list[StreamDelta]]:
+    ) -> AsyncGenerator[list[StreamDelta], None]:
         params = GenerationParams.of(params)
         vllm_prompt, vllm_params, unique_id = self._request(prompt, params, request_id, delta=True)
         started = self._started(prompt, params)

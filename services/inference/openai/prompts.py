@@ -4,12 +4,16 @@ written as the model writes them: Hermes)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rlrun.common.errors import RequestError
 from rlrun.common.hermes import calls_text
 from rlrun.common.tokenizer import ChatMessage, Tokenizer, render_chat
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ContentPart
+
+if TYPE_CHECKING:  # annotations only: Python 3.13's typing.TypeIs
+    from typing_extensions import TypeIs
 
 Prompts = list[tuple[str, list[int]]]
 """The prompts of one request, each with the name of its field (for the 400 that names it)."""
@@ -23,12 +27,19 @@ def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> Prom
     prompt = request.prompt
     if isinstance(prompt, str):
         return [("prompt", tokenizer.encode(prompt))]
-    if not prompt or isinstance(prompt[0], int):
-        return [("prompt", list(prompt))]
-    return [
-        (f"prompt[{i}]", tokenizer.encode(item) if isinstance(item, str) else list(item))
-        for i, item in enumerate(prompt)
-    ]
+    if _batch(prompt):
+        batch: Sequence[str | list[int]] = prompt  # enumerate would join the two list types
+        return [
+            (f"prompt[{i}]", tokenizer.encode(item) if isinstance(item, str) else list(item))
+            for i, item in enumerate(batch)
+        ]
+    return [("prompt", list(prompt))]
+
+
+def _batch(prompt: list[int] | list[str] | list[list[int]]) -> TypeIs[list[str] | list[list[int]]]:
+    """A batch of prompts, not one prompt of token ids: the request model admits only lists of
+    one kind, so the first item tells (an empty list is an empty prompt)."""
+    return bool(prompt) and not isinstance(prompt[0], int)
 
 
 def chat_prompts(request: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompts:

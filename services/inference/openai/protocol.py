@@ -11,6 +11,7 @@ and a field nobody knows is refused, as OpenAI does.
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -112,6 +113,11 @@ class SamplingFields(BaseModel):
         """The field that sets the completion's length."""
         return "max_tokens"
 
+    @abstractmethod
+    def top_logprobs_count(self) -> int:
+        """How many alternatives each position reports (0: none); a count over
+        MAX_TOP_LOGPROBS is a 400 naming the field that asked for it."""
+
 
 class CompletionRequest(SamplingFields):
     unsupported = {"suffix": (None, "")}
@@ -126,15 +132,16 @@ class CompletionRequest(SamplingFields):
         return "n" if self.best_of is None or self.best_of == self.n else "best_of"
 
     def samples_per_prompt(self) -> int:
-        if self.samples_field() == "n":
+        best_of = self.best_of
+        if best_of is None or self.samples_field() == "n":
             return self.n
-        if self.best_of < self.n:
+        if best_of < self.n:
             raise RequestError("best_of", f"best_of must be >= n ({self.n}), got {self.best_of}")
         if self.stream:
             raise RequestError(
                 "best_of", "best_of > n cannot be streamed: the best are known only at the end"
             )
-        return self.best_of
+        return best_of
 
     def top_logprobs_count(self) -> int:
         """How many alternatives each position reports: `logprobs` (0 or unset: none)."""
@@ -207,6 +214,13 @@ class ChatMessageIn(BaseModel):
     )
 
 
+ToolMode = Literal["none", "auto", "required", "named"]
+"""How a chat's answers carry tool calls (`ChatCompletionRequest.tool_mode`)."""
+
+_PLAIN_TOOL_CHOICES: dict[str, ToolMode] = {"auto": "auto", "none": "none", "required": "required"}
+"""The `tool_choice` strings, each the mode it asks for (any other choice names a tool)."""
+
+
 class ChatCompletionRequest(SamplingFields):
     unsupported = {
         "functions": (None, []),
@@ -233,15 +247,15 @@ class ChatCompletionRequest(SamplingFields):
     def max_tokens_field(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
-    def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
+    def tool_mode(self) -> ToolMode:
         """How the answers carry tool calls; a `tool_choice` this server cannot keep is a 400."""
         choice = self.tool_choice
         if choice is not None and not self.tools:
             raise RequestError("tool_choice", "tool_choice needs tools")
         if choice is None:
             return "auto" if self.tools else "none"
-        if choice in ("auto", "none", "required"):
-            return choice
+        if isinstance(choice, str) and choice in _PLAIN_TOOL_CHOICES:
+            return _PLAIN_TOOL_CHOICES[choice]
         self.named_tool()
         return "named"
 

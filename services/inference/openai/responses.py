@@ -18,14 +18,18 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.inference.engines.base import Completion, TopLogprobs
+from rlrun.inference.engines.base import Completion, FinishReason, TopLogprobs
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest
 from rlrun.inference.openai.request_params import stop_strings
 from rlrun.inference.openai.text import visible_text
 from rlrun.inference.openai.tool_calls import forced_tool_calls, split_tool_calls
+
+ChoiceFinishReason = Literal[FinishReason, "tool_calls"]
+"""A choice's `finish_reason` as OpenAI reports it: the engine's, or "tool_calls" for a chat
+choice that made tool calls."""
 
 
 def new_id(prefix: str) -> str:
@@ -140,13 +144,15 @@ def completion_body(
     stops = stop_strings(request)
     choices = []
     for index, completion in enumerate(completions):
-        token_ids, logprobs, top = completion.token_ids, completion.logprobs, completion.top_logprobs
+        token_ids: Sequence[int] = completion.token_ids
+        logprobs: Sequence[float | None] = completion.logprobs
+        top: Sequence[TopLogprobs | None] | None = completion.top_logprobs
         if echoes is not None:
             echo = echoes[index]
-            token_ids = echo.token_ids + token_ids
-            logprobs = echo.logprobs + logprobs
+            token_ids = [*echo.token_ids, *token_ids]
+            logprobs = [*echo.logprobs, *logprobs]
             if top is not None and echo.top is not None:
-                top = echo.top + top
+                top = [*echo.top, *top]
         text, stopped = visible_text(tokenizer, completion.token_ids, stops, request.min_tokens)
         if echoes is not None:
             text = tokenizer.decode(echoes[index].token_ids) + text
@@ -188,7 +194,7 @@ def chat_body(
             )
         text, stopped = visible_text(tokenizer, completion.token_ids, stops, request.min_tokens)
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        reason = "stop" if stopped else completion.finish_reason
+        reason: ChoiceFinishReason = "stop" if stopped else completion.finish_reason
         if mode != "none":
             if mode == "auto":
                 content, calls = split_tool_calls(text, request.tool_call_limit())

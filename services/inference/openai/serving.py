@@ -6,13 +6,14 @@ app (`app`) turns them into OpenAI's error bodies.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from rlrun.common.aio import all_or_nothing
 from rlrun.common.tokenizer import Tokenizer
 from rlrun.inference.batch_calls import primed_streams
-from rlrun.inference.engines.base import Completion, Engine
+from rlrun.inference.engines.base import Completion, Engine, FinishReason, TopLogprobs
 from rlrun.inference.openai.prompts import PromptBuilder, chat_prompts, completion_prompts
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelNotFound
 from rlrun.inference.openai.request_params import generation_requests, stop_strings, text_stop_strings
@@ -128,9 +129,16 @@ class OpenAIServing:
                 choices,
             )
         generate = self._generator(body)
-        generations = [generate(prompt, params) for prompt, params in requests] if max_tokens else []
-        results = await all_or_nothing([*scoring, *generations])
-        echoes, per_prompt = results[: len(requests)], results[len(requests) :]
+        # Tasks, so that each kind of result is read back with its own type.
+        scored = [asyncio.ensure_future(call) for call in scoring]
+        generated = (
+            [asyncio.ensure_future(generate(prompt, params)) for prompt, params in requests]
+            if max_tokens
+            else []
+        )
+        await all_or_nothing([*scored, *generated])
+        echoes = [task.result() for task in scored]
+        per_prompt = [task.result() for task in generated]
         if not max_tokens:
             version = self.engine.policy_version
             per_prompt = [
@@ -183,8 +191,8 @@ async def until_stopped(
     texts = [TextStream(tokenizer, stops, min_tokens) for _ in samples]
     token_ids: list[list[int]] = [[] for _ in samples]
     logprobs: list[list[float]] = [[] for _ in samples]
-    tops = [[] if params.top_logprobs else None for _ in samples]
-    reasons: list[str | None] = [None] * params.n
+    tops: list[list[TopLogprobs] | None] = [[] if params.top_logprobs else None for _ in samples]
+    reasons: list[FinishReason | None] = [None] * params.n
     stream = engine.stream(prompt, params)
     try:
         async for deltas in stream:
@@ -194,8 +202,11 @@ async def until_stopped(
                     continue
                 token_ids[i] += delta.token_ids
                 logprobs[i] += delta.logprobs
-                if tops[i] is not None:
-                    tops[i] += delta.top_logprobs
+                top = tops[i]
+                if top is not None:
+                    # asked for (params.top_logprobs): the engine reports them with every delta
+                    assert delta.top_logprobs is not None
+                    top += delta.top_logprobs
                 texts[i].push(delta.token_ids)
                 reasons[i] = "stop" if texts[i].stopped else delta.finish_reason
             if None not in reasons:

@@ -34,7 +34,7 @@ class ToolCall:
     id: str
 
     def to_openai(self, index: int | None = None) -> dict:
-        entry = {
+        entry: dict[str, Any] = {
             "id": self.id,
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},

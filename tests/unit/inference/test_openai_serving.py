@@ -71,3 +71,9 @@ async def test_bad_requests_raise_naming_the_field(serving):
         await serving.completions(CompletionRequest(prompt="abc", banned_token_ids=[3]))
     assert caught.value.field == "banned_token_ids"
     assert (await serving.model("tiny"))["id"] == "tiny"
+
+
+async def test_an_empty_token_id_prompt_is_one_empty_prompt_not_an_empty_batch(serving):
+    with pytest.raises(RequestError) as caught:
+        await serving.completions(CompletionRequest(prompt=[], max_tokens=4))
+    assert caught.value.field == "prompt"
