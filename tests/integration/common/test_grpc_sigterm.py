@@ -10,8 +10,6 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 from rlrun.common.grpc_client import open_channel, wait_for_health
 from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -48,7 +46,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 async def test_sigterm_exits_cleanly(tmp_path):
     script = tmp_path / "serve.py"
     script.write_text(SCRIPT)

@@ -9,8 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from rlrun.common.grpc_client import wait_for_health
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -38,7 +36,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file descriptors and signals")
 async def test_stdout_carries_only_the_ready_line(tmp_path):
     script = tmp_path / "noisy.py"
     script.write_text(SCRIPT)

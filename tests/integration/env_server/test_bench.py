@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -11,7 +12,7 @@ import sys
 import pytest
 from env_test_servers import REPO
 
-pytest.importorskip("rlrun.inference.cli")
+importlib.import_module("rlrun.inference.cli")
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ the token contract, and 256 concurrent rollouts complete without errors."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 
 import grpc
@@ -13,7 +14,7 @@ from env_test_servers import serve_builtin, start_server
 from rlrun.common.wire import trace_from_proto
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2, trace_pb2
 
-pytest.importorskip("rlrun.inference.cli")
+importlib.import_module("rlrun.inference.cli")
 
 ENVS = """
 [inference]

@@ -3,6 +3,7 @@
 `renderers` package's `generate()`, with the renderer over the shipped tokenizer folder that
 transformers loads) and by plain HTTP for the shapes and errors."""
 
+import importlib
 import re
 
 import httpx
@@ -17,8 +18,8 @@ from rlrun.v1 import inference_pb2, inference_pb2_grpc
 
 from .conftest import REPO
 
-renderers = pytest.importorskip("renderers")
-transformers = pytest.importorskip("transformers")
+renderers = importlib.import_module("renderers")
+transformers = importlib.import_module("transformers")
 from renderers.client import OverlongPromptError, generate  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

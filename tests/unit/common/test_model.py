@@ -1,5 +1,6 @@
 """The shared transformer matches Hugging Face's implementation, in every attention mode."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def model_config(config: Path, **fields) -> ModelConfig:
 
 
 def hf_twin(model: CausalLM, cfg: dict):
-    transformers = pytest.importorskip("transformers")
+    transformers = importlib.import_module("transformers")
     hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
     hf.load_state_dict(model.state_dict(), strict=True)
     return hf.eval()
@@ -192,7 +193,7 @@ def test_unsupported_gpt2_settings_are_named(change, message):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_checkpoint_loads_into_transformers_too(tmp_path, config):
-    transformers = pytest.importorskip("transformers")
+    transformers = importlib.import_module("transformers")
     model = build_model(model_config(config, seed=4)).eval()
     save_checkpoint_dir(model, json.loads(config.read_text()), tmp_path / "ckpt")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", local_files_only=True).eval()

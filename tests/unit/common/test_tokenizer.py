@@ -1,5 +1,6 @@
 """The in-repo character tokenizer: stable ids, round trips, concatenative chat rendering."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_a_template_without_tools_gets_them_as_a_system_message(tmp_path):
 # The character tokenizers as Hugging Face tokenizers: transformers loads the same folders that
 # rlrun reads, and gives the same ids.
 
-transformers = pytest.importorskip("transformers")
+transformers = importlib.import_module("transformers")
 FOLDERS = {name: REPO / "configs/tokenizer" / name for name in ("char", "lowercase")}
 HF = {name: transformers.AutoTokenizer.from_pretrained(str(path)) for name, path in FOLDERS.items()}
 RLRUN = {name: load_tokenizer(path) for name, path in FOLDERS.items()}

@@ -3,14 +3,15 @@ objects: a trace built by verifiers' own graph (`prepare_turn` + `PendingTurn.co
 train-client responses (`response_from_generate`) whose prompts the `renderers` renderer over the
 shipped tokenizer folder rendered, so the nodes carry the renderer's token attribution."""
 
+import importlib
 import math
 from pathlib import Path
 
 import pytest
 
-vf = pytest.importorskip("verifiers.v1")
-renderers = pytest.importorskip("renderers")
-transformers = pytest.importorskip("transformers")
+vf = importlib.import_module("verifiers.v1")
+renderers = importlib.import_module("renderers")
+transformers = importlib.import_module("transformers")
 
 from verifiers.v1.clients.train import response_from_generate  # noqa: E402
 from verifiers.v1.graph import prepare_turn  # noqa: E402
