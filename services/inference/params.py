@@ -40,24 +40,9 @@ class GenerationParams(SamplingParams):
             return params
         return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingParams)})
 
-    def validate(
-        self,
-        where: str = "sampling",
-        *,
-        vocab_size: int | None = None,
-        max_model_len: int | None = None,
-        prompt_len: int | None = None,
-        max_samples: int | None = None,
-        samples_field: str = "n",
-    ) -> None:
-        super().validate(
-            where,
-            vocab_size=vocab_size,
-            max_model_len=max_model_len,
-            prompt_len=prompt_len,
-            max_samples=max_samples,
-            samples_field=samples_field,
-        )
+    def validate(self, where: str = "sampling", **limits: Any) -> None:
+        """SamplingParams' checks (`limits` as it takes them), then the OpenAI-side fields'."""
+        super().validate(where, **limits)
         if not (math.isfinite(self.min_p) and 0 <= self.min_p <= 1):
             raise WireError(f"{where}.min_p", f"{where}.min_p must be in [0, 1], got {self.min_p}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -65,4 +50,4 @@ class GenerationParams(SamplingParams):
                 f"{where}.top_logprobs",
                 f"{where}.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
             )
-        check_knobs(self.knobs, self, where, vocab_size)
+        check_knobs(self.knobs, self, where, limits.get("vocab_size"))

@@ -98,27 +98,41 @@ def inference(b: RunBuilder, state: DesiredState, with_workloads: bool) -> None:
         args += ["--http-port", str(spec.http_port)]
         ports.append({"name": "http", "containerPort": spec.http_port, "protocol": "TCP"})
     labels = b.labels(INFERENCE)
-    template = b.pod_template(
-        PodInput(
-            component=INFERENCE,
-            selector=selector,
-            labels=labels,
-            command=["rlrun"],
-            args=args,
-            image=b.image(INFERENCE),
-            resources=spec.resources,
-            placement=spec.placement,
-            overrides=spec,
-            gpus=spec.gpus_per_replica,
-            ports=ports,
-            probes=b.model_probes(),
-        )
-    )
+    template = _model_pod(b, INFERENCE, selector, labels, args, ports)
     state.objects.append(_stateful_set(b, name, spec.replicas, selector, labels, template))
     state.workloads.append(Workload(INFERENCE, "StatefulSet", name, spec.replicas, spec.replicas))
     budget = _disruption_budget(b, name, spec.replicas, selector, b.labels(INFERENCE))
     if budget is not None:
         state.objects.append(budget)
+
+
+def _model_pod(
+    b: RunBuilder,
+    component: str,
+    selector: dict[str, str],
+    labels: dict[str, str],
+    args: list[str],
+    ports: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The pod template of a server of a model (the policy's replicas, a model server): the
+    inference spec's image, resources, placement, GPUs and overrides, with the model probes."""
+    spec = b.spec.inference
+    return b.pod_template(
+        PodInput(
+            component=component,
+            selector=selector,
+            labels=labels,
+            command=["rlrun"],
+            args=args,
+            image=b.image(component),
+            resources=spec.resources,
+            placement=spec.placement,
+            overrides=spec,
+            gpus=spec.gpus_per_replica,
+            ports=ports or [],
+            probes=b.model_probes(),
+        )
+    )
 
 
 def _http_ports(b: RunBuilder) -> list[dict[str, Any]]:
@@ -129,7 +143,6 @@ def _http_ports(b: RunBuilder) -> list[dict[str, Any]]:
 
 
 def model_servers(b: RunBuilder, state: DesiredState, with_workloads: bool) -> None:
-    spec = b.spec.inference
     for plan in b.rendered.model_servers:
         name = model_server_name(b.cluster, plan.key)
         extra = {MODEL_LABEL: name.removeprefix(f"{b.cluster.name}-model-")}
@@ -141,21 +154,7 @@ def model_servers(b: RunBuilder, state: DesiredState, with_workloads: bool) -> N
         if plan.checkpoint:
             args += ["--set", f"model.path={json.dumps(plan.checkpoint)}"]
         labels = b.labels(MODEL_SERVER, extra)
-        template = b.pod_template(
-            PodInput(
-                component=MODEL_SERVER,
-                selector=selector,
-                labels=labels,
-                command=["rlrun"],
-                args=args,
-                image=b.image(MODEL_SERVER),
-                resources=spec.resources,
-                placement=spec.placement,
-                overrides=spec,
-                gpus=spec.gpus_per_replica,
-                probes=b.model_probes(),
-            )
-        )
+        template = _model_pod(b, MODEL_SERVER, selector, labels, args)
         state.objects.append(_stateful_set(b, name, 1, selector, labels, template))
         state.workloads.append(Workload(INFERENCE, "StatefulSet", name, 1, 1))
 
