@@ -40,8 +40,7 @@ from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import ArchConfig, PackedCausal, build_model, create_model
 from rlrun.common.model.weights import broadcast_tensors, build_header, iter_update_messages
-from rlrun.common.types import TrainingBatch
-from rlrun.common.wire import batch_to_proto
+from rlrun.common.wire.training import TrainingBatch, batch_to_proto
 from rlrun.trainer.app import add_trainer_service, create_runtime
 from rlrun.trainer.broadcast import GrpcWeightBroadcaster
 from rlrun.trainer.coordinator import Coordinator

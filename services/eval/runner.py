@@ -31,8 +31,8 @@ from tqdm import tqdm
 from rlrun.common.config import POLICY, ConfigError, ModelTargetConfig, RunConfig, reload_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.service import serve_command
-from rlrun.common.types import GenerationPlan, TaskRef
-from rlrun.common.wire import plan_to_proto
+from rlrun.common.wire.plan import GenerationPlan, plan_to_proto
+from rlrun.common.wire.trace import TaskRef
 from rlrun.local.launcher import child_env, interrupts_raise, set_option
 from rlrun.local.processes import ChildFailed, ProcessGroup
 from rlrun.orchestrator.collect.env_client import EnvClient

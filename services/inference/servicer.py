@@ -12,7 +12,7 @@ import grpc
 
 from rlrun.common.errors import grpc_errors
 from rlrun.common.model.weights import LayoutCache
-from rlrun.common.wire import sampling_from_proto
+from rlrun.common.wire.sampling import sampling_from_proto
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import Completion, Engine, QueueFullError, check_version_order
 from rlrun.inference.text_path import TextPath

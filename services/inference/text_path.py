@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import ROLES, Tokenizer
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import Completion
 from rlrun.inference.validation import check_token_ids
 from rlrun.v1 import inference_pb2, plan_pb2

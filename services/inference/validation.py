@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 from rlrun.common.errors import RequestError
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 
 
 def check_token_ids(token_ids: Sequence[int], field: str, vocab_size: int, max_len: int) -> None:

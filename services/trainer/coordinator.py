@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rlrun.common.types import TrainingBatch
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer.checkpoint import load_checkpoint
 from rlrun.trainer.distributed import CommandChannel
 from rlrun.trainer.learner import Learner, LearnerState, StepResult

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import TrainerConfig
 from rlrun.common.model import FAMILIES, ArchConfig, PackedCausal, build_model
-from rlrun.common.types import TrainingBatch
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer.distributed import Parallelism, wrap_model
 from rlrun.trainer.loss import STAT_NAMES, channel_loss, summarize, token_logprobs
 from rlrun.trainer.optim import build_optimizer, build_scheduler, lr_factor

@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from rlrun.common.config.trainer import CheckpointConfig
-from rlrun.common.types import TrainingBatch
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer import metrics
 from rlrun.trainer.broadcast import ReplicaResult, WeightBroadcaster
 from rlrun.trainer.checkpoint import (

@@ -10,8 +10,7 @@ from __future__ import annotations
 import grpc
 
 from rlrun.common.errors import RequestError, grpc_errors
-from rlrun.common.types import TrainingBatch
-from rlrun.common.wire import batch_from_proto
+from rlrun.common.wire.training import TrainingBatch, batch_from_proto
 from rlrun.trainer.packing import count_channel_tokens
 from rlrun.trainer.runtime import NoCheckpoint, StepMismatch, TrainerRuntime
 from rlrun.v1 import trainer_pb2, trainer_pb2_grpc

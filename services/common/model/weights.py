@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 import xxhash
 
-from rlrun.common.types import WireError
+from rlrun.common.wire import WireError
 from rlrun.v1 import weights_pb2
 
 MAX_CHUNK_BYTES = 4 * 2**20

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.common.types import Channel, Trace, WireError, validate_dims
+from rlrun.common.wire import WireError
+from rlrun.common.wire.trace import Channel, Trace, validate_dims
 
 
 @dataclass

@@ -11,8 +11,7 @@ import grpc
 import grpc.aio
 
 from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
-from rlrun.common.types import SamplingParams
-from rlrun.common.wire import sampling_to_proto
+from rlrun.common.wire.sampling import SamplingParams, sampling_to_proto
 from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError
 from rlrun.v1 import inference_pb2, inference_pb2_grpc

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlrun.common.tokenizer import ChatMessage, Tokenizer
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.inference_client import InferenceClient
 from rlrun.env_server.sdk.openai_client import OpenAIChatClient

@@ -13,8 +13,8 @@ from rlrun.common.config import EnvConfig, RunConfig
 from rlrun.common.errors import RequestError
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.tokenizer_info import load_with_info
-from rlrun.common.types import GenerationPlan, Trace, TraceError
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.plan import GenerationPlan
+from rlrun.common.wire.trace import Trace, TraceError, trace_to_proto
 from rlrun.env_server.envs.registry import make_env
 from rlrun.env_server.sdk.algorithms import AlgorithmContext, BranchResult, run_env_algorithms
 from rlrun.env_server.sdk.task import Task

@@ -16,7 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.common.types import GenerationPlan, PlanTarget, TaskRef, Trace, TraceError
+from rlrun.common.wire.plan import GenerationPlan, PlanTarget
+from rlrun.common.wire.trace import TaskRef, Trace, TraceError
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import POLICY, Episode

@@ -14,7 +14,8 @@ from typing import Any
 import grpc
 
 from rlrun.common.errors import RequestError, grpc_errors
-from rlrun.common.wire import _channels_to_proto, plan_from_proto, trace_from_proto
+from rlrun.common.wire.plan import plan_from_proto
+from rlrun.common.wire.trace import channels_to_proto, trace_from_proto
 from rlrun.env_server.server.host import EnvHost
 from rlrun.env_server.server.rollout import RolloutJob
 from rlrun.v1 import env_pb2, env_pb2_grpc
@@ -83,7 +84,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 env_pb2.BranchResult(
                     trace_id=r.trace_id,
                     branch_index=r.branch_index,
-                    channels=_channels_to_proto(r.channels),
+                    channels=channels_to_proto(r.channels),
                     mask=r.mask,
                 )
                 for r in results

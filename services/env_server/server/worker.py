@@ -28,7 +28,7 @@ from typing import Any
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.logs import setup_logging
 from rlrun.common.tokenizer import load_tokenizer
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.trace import trace_to_proto
 from rlrun.env_server.envs.registry import make_env
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.inference_client import InferenceClient

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 
 from rlrun.common.errors import RequestError
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.v1 import weights_pb2
 
 FinishReason = Literal["stop", "length", "abort"]

@@ -31,7 +31,7 @@ import torch
 
 from rlrun.common.errors import RequestError
 from rlrun.common.model.weights import ReceivedTensors
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import (
     Completion,

@@ -31,7 +31,7 @@ import torch
 from rlrun.common.errors import RequestError
 from rlrun.common.model import CausalLM, PackedCausal, SlotKVCache
 from rlrun.common.model.weights import broadcast_tensors
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import (
     Completion,
     FinishReason,

@@ -47,7 +47,7 @@ from rlrun.common.model import ArchConfig, arch_dict, build_model, create_model,
 from rlrun.common.model.load import DTYPES
 from rlrun.common.model.weight_groups import node_id
 from rlrun.common.model.weights import PB_TO_TORCH, TORCH_TO_PB, broadcast_tensors
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import (
     Completion,

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 
 from rlrun.common.grpc_client import ClientOptions, call_while_unavailable, open_channel
-from rlrun.common.types import TaskRef, Trace
-from rlrun.common.wire import channels_from_proto, group_from_proto, task_to_proto, trace_to_proto
+from rlrun.common.wire.env import group_from_proto
+from rlrun.common.wire.trace import TaskRef, Trace, channels_from_proto, task_to_proto, trace_to_proto
 from rlrun.orchestrator.credit.algorithms import BranchResult
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
 

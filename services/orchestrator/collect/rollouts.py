@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from rlrun.common.types import TaskRef, WireError
+from rlrun.common.wire import WireError
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.orchestrator.collect.group import RolloutGroup

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rlrun.common.config.orchestrator import GroupFailuresConfig
-from rlrun.common.types import TaskRef
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.retry import FailureRate

@@ -11,8 +11,7 @@ import grpc
 from rlrun.common.config import POLICY, ConfigError, RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
 from rlrun.common.tokenizer_info import mismatch
-from rlrun.common.types import GenerationPlan
-from rlrun.common.wire import plan_to_proto
+from rlrun.common.wire.plan import GenerationPlan, plan_to_proto
 from rlrun.orchestrator.collect.env_client import EnvClient, EnvDescription
 from rlrun.orchestrator.credit.scoring import InferenceScorer
 from rlrun.orchestrator.run.plan import check_env_temperature, with_chat_format

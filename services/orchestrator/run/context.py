@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.config.orchestrator import POLICY
-from rlrun.common.types import GenerationPlan, Trace
+from rlrun.common.wire.plan import GenerationPlan
+from rlrun.common.wire.trace import Trace
 from rlrun.orchestrator.collect.env_client import EnvDescription
 from rlrun.orchestrator.collect.rollouts import EnvRollouts
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler

@@ -24,8 +24,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from rlrun.common.types import Trace
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.trace import Trace, trace_to_proto
 from rlrun.orchestrator.run import tracking
 
 METRICS = "metrics.jsonl"

@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass
 
 from rlrun.common.config import POLICY, ConfigError, EnvConfig, RunConfig, SamplingConfig, SamplingOverrides
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, WireError
+from rlrun.common.wire import WireError
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.v1 import plan_pb2
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,7 @@ from typing import TypeAlias
 import grpc
 
 from rlrun.common.grpc_client import ClientOptions, call_while_unavailable, open_channel
-from rlrun.common.types import TrainingSample
-from rlrun.common.wire import sample_to_proto
+from rlrun.common.wire.training import TrainingSample, sample_to_proto
 from rlrun.v1 import trainer_pb2, trainer_pb2_grpc, training_pb2
 
 LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION})

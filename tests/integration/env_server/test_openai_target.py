@@ -21,8 +21,9 @@ from rlrun.common.config import ConfigError, load_config, resolve_config
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.service import serve_command
 from rlrun.common.tokenizer import ChatMessage
-from rlrun.common.types import ModelEndpoint, SamplingParams, TaskRef
-from rlrun.common.wire import plan_from_proto, plan_to_proto
+from rlrun.common.wire.plan import ModelEndpoint, plan_from_proto, plan_to_proto
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.trace import TaskRef
 from rlrun.env_server.sdk.errors import ModelCallError
 from rlrun.env_server.sdk.openai_client import OpenAIChatClient
 from rlrun.local.processes import ProcessGroup

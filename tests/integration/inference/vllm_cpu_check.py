@@ -31,7 +31,7 @@ from rlrun.common.config import load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import PackedCausal, build_model
 from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.vllm_engine import VllmEngine
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2
 

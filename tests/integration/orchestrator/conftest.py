@@ -18,14 +18,17 @@ from rlrun.common.config.model import CHAR_TOKENIZER
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.common.tokenizer_info import tokenizer_info
-from rlrun.common.types import Branch, MessageNode, Trace, TraceError
-from rlrun.common.wire import (
-    batch_from_proto,
-    plan_from_proto,
+from rlrun.common.wire.plan import plan_from_proto
+from rlrun.common.wire.trace import (
+    Branch,
+    MessageNode,
+    Trace,
+    TraceError,
     task_from_proto,
     trace_from_proto,
     trace_to_proto,
 )
+from rlrun.common.wire.training import batch_from_proto
 from rlrun.v1 import (
     env_pb2,
     env_pb2_grpc,

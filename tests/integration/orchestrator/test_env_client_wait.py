@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.common.types import TaskRef
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
 

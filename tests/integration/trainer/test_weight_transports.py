@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlrun.common.wire import batch_to_proto
+from rlrun.common.wire.training import batch_to_proto
 from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
 from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
 from rlrun.trainer.synthetic import synthetic_batch

@@ -16,7 +16,7 @@ from rlrun.common.model.weights import (
     broadcast_tensors,
     iter_update_messages,
 )
-from rlrun.common.types import WireError
+from rlrun.common.wire import WireError
 
 REPO = Path(__file__).resolve().parents[3]
 

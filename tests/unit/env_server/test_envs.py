@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.common.types import RewardComponent
+from rlrun.common.wire.trace import RewardComponent
 from rlrun.env_server.envs.alphabet_sort import AlphabetSort
 from rlrun.env_server.envs.arithmetic import Arithmetic
 from rlrun.env_server.envs.registry import BUILTIN, make_env, resolve

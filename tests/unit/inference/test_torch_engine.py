@@ -14,7 +14,7 @@ from rlrun.common.errors import RequestError
 from rlrun.common.model import PackedCausal
 from rlrun.common.model.weights import TensorLayout, WeightAssembler, iter_update_messages
 from rlrun.common.tokenizer import CharTokenizer
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import QueueFullError
 from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine

@@ -16,7 +16,7 @@ from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
 from rlrun.common.model import build_model
 from rlrun.common.model.weights import LayoutCache, broadcast_tensors, iter_update_messages
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.torch_engine import create_engine
 from rlrun.inference.engines.torch_process import TorchEngineProcess, _ApplyStaged
 from rlrun.inference.weight_stream import receive_update

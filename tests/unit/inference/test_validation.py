@@ -3,7 +3,7 @@
 import pytest
 
 from rlrun.common.errors import RequestError
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.validation import check_generate, check_score
 
 

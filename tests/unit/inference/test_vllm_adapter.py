@@ -17,7 +17,7 @@ from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
 from rlrun.common.model import arch_dict, build_model, save_checkpoint_dir
 from rlrun.common.model.weights import build_header
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.vllm_engine import (
     VLLM_VERSIONS,
     WORKER_EXTENSION,

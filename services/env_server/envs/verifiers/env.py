@@ -31,15 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlrun.common.types import (
-    Branch,
-    MessageNode,
-    PlanTarget,
-    RewardComponent,
-    TaskRef,
-    Trace,
-    TraceError,
-)
+from rlrun.common.wire.plan import PlanTarget
+from rlrun.common.wire.trace import Branch, MessageNode, RewardComponent, TaskRef, Trace, TraceError
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import POLICY, Episode
 from rlrun.env_server.sdk.harnesses import SingleTurnHarness

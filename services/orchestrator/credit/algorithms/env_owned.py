@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rlrun.common.types import Channel, Trace, WireError, validate_dims
+from rlrun.common.wire import WireError
+from rlrun.common.wire.trace import Channel, Trace, validate_dims
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms.base import Algorithm, AlgorithmDeps, add_credit
 
