@@ -17,9 +17,9 @@ import time
 from rlrun.bench import emit_result
 from rlrun.bench.local_runs import DEMO_CONFIG, run_local, timing_overrides
 from rlrun.common.config import load_config
-from rlrun.common.model.weights import broadcast_tensors
 from rlrun.common.service import limit_threads
 from rlrun.common.tokenizer import load_tokenizer
+from rlrun.common.weights.protocol import broadcast_tensors
 from rlrun.common.wire.sampling import SamplingParams
 from rlrun.common.wire.trace import Channel
 from rlrun.common.wire.training import TrainingBatch, TrainingSample

@@ -10,7 +10,8 @@ proto message field by field (tests/unit/test_layering.py).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from rlrun.common.errors import RequestError
 
@@ -19,7 +20,10 @@ class WireError(RequestError):
     """A message that breaks the contract; `field` is the path of the offending field."""
 
 
-def enum_from_proto(table: dict[int, Any], value: int, where: str, name: str) -> Any:
+T = TypeVar("T")
+
+
+def enum_from_proto(table: Mapping[Any, T], value: int, where: str, name: str) -> T:
     """`table[value]`, or a WireError naming `where` for a value it lacks (unknown, or the
     enum's UNSPECIFIED zero)."""
     try:

@@ -10,20 +10,22 @@ from rlrun.common.wire import WireError, enum_from_proto
 from rlrun.common.wire.sampling import SamplingParams, sampling_from_proto, sampling_to_proto
 from rlrun.v1 import plan_pb2
 
-_MEMBER_ROLE_TO_PB = {"train": plan_pb2.MEMBER_ROLE_TRAIN, "fixed": plan_pb2.MEMBER_ROLE_FIXED}
-_MEMBER_ROLE_FROM_PB = {v: k for k, v in _MEMBER_ROLE_TO_PB.items()}
-_KIND_TO_PB = {
+MemberRole = Literal["train", "fixed"]
+EndpointKind = Literal["inference", "rule", "openai"]
+
+_MEMBER_ROLE_TO_PB: dict[MemberRole, plan_pb2.MemberRole] = {
+    "train": plan_pb2.MEMBER_ROLE_TRAIN,
+    "fixed": plan_pb2.MEMBER_ROLE_FIXED,
+}
+_MEMBER_ROLE_FROM_PB: dict[int, MemberRole] = {v: k for k, v in _MEMBER_ROLE_TO_PB.items()}
+_KIND_TO_PB: dict[EndpointKind, plan_pb2.EndpointKind] = {
     "inference": plan_pb2.ENDPOINT_KIND_INFERENCE,
     "rule": plan_pb2.ENDPOINT_KIND_RULE,
     "openai": plan_pb2.ENDPOINT_KIND_OPENAI,
 }
 _OPENAI_FIELDS = ("base_url", "model", "api_key_env", "max_concurrency", "max_retries", "timeout_s")
 """ModelEndpoint's fields of kind openai: the same names in the proto and in ModelEndpoint."""
-_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
-
-
-MemberRole = Literal["train", "fixed"]
-EndpointKind = Literal["inference", "rule", "openai"]
+_KIND_FROM_PB: dict[int, EndpointKind] = {v: k for k, v in _KIND_TO_PB.items()}
 
 
 @dataclass
@@ -56,12 +58,33 @@ class PlanTarget:
 
 
 @dataclass
+class TokenizerInfo:
+    """A tokenizer's identity (rlrun.common.tokenizer_info computes it): empty fields are not
+    declared."""
+
+    name: str = ""
+    sha256: str = ""
+    vocab_size: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    """The chat format's end-of-message tokens."""
+
+    def describe(self) -> str:
+        return f"{self.name or '(unnamed)'} (sha256 {self.sha256[:12] or '-'}, vocab_size {self.vocab_size})"
+
+
+@dataclass
 class GenerationPlan:
     """Compiled once at the config boundary; keyed by member id ("policy" for single-agent)."""
 
     targets: dict[str, PlanTarget]
+    tokenizer: TokenizerInfo = field(default_factory=TokenizerInfo)
+    """The live policy's tokenizer and chat format, as its replicas report it."""
+    text_addresses: list[str] = field(default_factory=list)
+    """Replicas of the live policy for the text-level RPCs only (Tokenize, RenderChat, ...)."""
 
-    def validate(self, where: str = "plan") -> None:
+    def validate(self, where: str = "plan", *, check_sampling: bool = True) -> None:
+        """`check_sampling=False`: the targets' sampling is validated already (as it came off
+        the wire)."""
         if not self.targets:
             raise WireError(f"{where}.targets", f"{where}.targets is empty")
         for key, target in self.targets.items():
@@ -80,11 +103,42 @@ class GenerationPlan:
                         raise WireError(
                             f"{at}.model.{name}", f"{at}.model.{name} is empty for an openai target"
                         )
-            target.sampling.validate(f"{at}.sampling")
+            if check_sampling:
+                target.sampling.validate(f"{at}.sampling")
 
     @property
     def is_multi_agent(self) -> bool:
         return len(self.targets) > 1 or next(iter(self.targets)) != "policy"
+
+
+def tokenizer_info_to_proto(info: TokenizerInfo) -> plan_pb2.TokenizerInfo:
+    return plan_pb2.TokenizerInfo(
+        name=info.name, sha256=info.sha256, vocab_size=info.vocab_size, stop_token_ids=info.stop_token_ids
+    )
+
+
+def tokenizer_info_from_proto(msg: plan_pb2.TokenizerInfo) -> TokenizerInfo:
+    return TokenizerInfo(msg.name, msg.sha256, msg.vocab_size, list(msg.stop_token_ids))
+
+
+def endpoint_to_proto(endpoint: ModelEndpoint) -> plan_pb2.ModelEndpoint:
+    return plan_pb2.ModelEndpoint(
+        name=endpoint.name,
+        kind=_KIND_TO_PB[endpoint.kind],
+        addresses=endpoint.addresses,
+        http_addresses=endpoint.http_addresses,
+        **{name: getattr(endpoint, name) for name in _OPENAI_FIELDS},
+    )
+
+
+def endpoint_from_proto(msg: plan_pb2.ModelEndpoint, where: str = "model") -> ModelEndpoint:
+    return ModelEndpoint(
+        name=msg.name,
+        kind=enum_from_proto(_KIND_FROM_PB, msg.kind, f"{where}.kind", "endpoint kind"),
+        addresses=list(msg.addresses),
+        http_addresses=list(msg.http_addresses),
+        **{name: getattr(msg, name) for name in _OPENAI_FIELDS},
+    )
 
 
 def plan_to_proto(plan: GenerationPlan) -> plan_pb2.GenerationPlan:
@@ -93,21 +147,20 @@ def plan_to_proto(plan: GenerationPlan) -> plan_pb2.GenerationPlan:
             plan_pb2.PlanTarget(
                 member_id=t.member_id,
                 role=_MEMBER_ROLE_TO_PB[t.role],
-                model=plan_pb2.ModelEndpoint(
-                    name=t.model.name,
-                    kind=_KIND_TO_PB[t.model.kind],
-                    addresses=t.model.addresses,
-                    http_addresses=t.model.http_addresses,
-                    **{name: getattr(t.model, name) for name in _OPENAI_FIELDS},
-                ),
+                model=endpoint_to_proto(t.model),
                 sampling=sampling_to_proto(t.sampling),
             )
             for t in plan.targets.values()
-        ]
+        ],
+        tokenizer=tokenizer_info_to_proto(plan.tokenizer),
+        text_addresses=plan.text_addresses,
     )
 
 
-def plan_from_proto(msg: plan_pb2.GenerationPlan, where: str = "plan") -> GenerationPlan:
+def plan_from_proto(
+    msg: plan_pb2.GenerationPlan, where: str = "plan", *, vocab_size: int | None = None
+) -> GenerationPlan:
+    """`vocab_size`: the receiver's, which every target's stop tokens must lie in."""
     targets: dict[str, PlanTarget] = {}
     for i, t in enumerate(msg.targets):
         at = f"{where}.targets[{i}]"
@@ -116,15 +169,9 @@ def plan_from_proto(msg: plan_pb2.GenerationPlan, where: str = "plan") -> Genera
         targets[t.member_id] = PlanTarget(
             member_id=t.member_id,
             role=enum_from_proto(_MEMBER_ROLE_FROM_PB, t.role, f"{at}.role", "member role"),
-            model=ModelEndpoint(
-                name=t.model.name,
-                kind=enum_from_proto(_KIND_FROM_PB, t.model.kind, f"{at}.model.kind", "endpoint kind"),
-                addresses=list(t.model.addresses),
-                http_addresses=list(t.model.http_addresses),
-                **{name: getattr(t.model, name) for name in _OPENAI_FIELDS},
-            ),
-            sampling=sampling_from_proto(t.sampling, f"{at}.sampling"),
+            model=endpoint_from_proto(t.model, f"{at}.model"),
+            sampling=sampling_from_proto(t.sampling, f"{at}.sampling", vocab_size=vocab_size),
         )
-    plan = GenerationPlan(targets)
-    plan.validate(where)
+    plan = GenerationPlan(targets, tokenizer_info_from_proto(msg.tokenizer), list(msg.text_addresses))
+    plan.validate(where, check_sampling=False)
     return plan

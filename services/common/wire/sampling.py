@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlrun.common.wire import WireError
@@ -22,6 +24,12 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     n: int = 1
+
+    def with_stop_tokens(self, stop_token_ids: Sequence[int]) -> SamplingParams:
+        """These settings with `stop_token_ids` among the stop tokens (after its own, once each):
+        how a chat format's end-of-message tokens join a request's."""
+        merged = list(self.stop_token_ids) + [t for t in stop_token_ids if t not in self.stop_token_ids]
+        return dataclasses.replace(self, stop_token_ids=merged)
 
     def validate(
         self,

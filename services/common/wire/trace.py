@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from google.protobuf import json_format
+
 from rlrun.common.wire import WireError, enum_from_proto
 from rlrun.v1 import trace_pb2
 
@@ -179,13 +181,13 @@ class Trace:
                 raise WireError(f"{at}.node_ids", f"{at}.node_ids is empty")
             parent = None
             for k, nid in enumerate(branch.node_ids):
-                node = seen.get(nid)
-                if node is None:
+                named = seen.get(nid)
+                if named is None:
                     raise WireError(f"{at}.node_ids[{k}]", f"{at}.node_ids[{k}] {nid!r} names no node")
-                if (node.parent or None) != parent:
+                if (named.parent or None) != parent:
                     raise WireError(
                         f"{at}.node_ids[{k}]",
-                        f"{at}.node_ids[{k}] {nid!r} does not follow {parent!r} (its parent is {node.parent!r})",
+                        f"{at}.node_ids[{k}] {nid!r} does not follow {parent!r} (its parent is {named.parent!r})",
                     )
                 parent = nid
             length = sum(len(seen[nid].token_ids) for nid in branch.node_ids)
@@ -221,16 +223,19 @@ def validate_dims(
         finite(channel.values, f"{at}.channels[{c}].values")
 
 
-_ROLE_TO_PB = {
+_ROLE_TO_PB: dict[Role, trace_pb2.Role] = {
     "system": trace_pb2.ROLE_SYSTEM,
     "user": trace_pb2.ROLE_USER,
     "assistant": trace_pb2.ROLE_ASSISTANT,
     "tool": trace_pb2.ROLE_TOOL,
 }
-_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
-_LOSS_TO_PB = {"rl": trace_pb2.LOSS_TYPE_RL, "ce": trace_pb2.LOSS_TYPE_CE}
-_LOSS_FROM_PB = {v: k for k, v in _LOSS_TO_PB.items()}
-_STOP_TO_PB = {
+_ROLE_FROM_PB: dict[int, Role] = {v: k for k, v in _ROLE_TO_PB.items()}
+_LOSS_TO_PB: dict[LossKind, trace_pb2.LossType] = {
+    "rl": trace_pb2.LOSS_TYPE_RL,
+    "ce": trace_pb2.LOSS_TYPE_CE,
+}
+_LOSS_FROM_PB: dict[int, LossKind] = {v: k for k, v in _LOSS_TO_PB.items()}
+STOP_TO_PB: dict[StopCondition, trace_pb2.StopCondition] = {
     "": trace_pb2.STOP_CONDITION_UNSPECIFIED,
     "completed": trace_pb2.STOP_CONDITION_COMPLETED,
     "length": trace_pb2.STOP_CONDITION_LENGTH,
@@ -238,7 +243,7 @@ _STOP_TO_PB = {
     "error": trace_pb2.STOP_CONDITION_ERROR,
     "cancelled": trace_pb2.STOP_CONDITION_CANCELLED,
 }
-_STOP_FROM_PB = {v: k for k, v in _STOP_TO_PB.items()}
+STOP_FROM_PB: dict[int, StopCondition] = {v: k for k, v in STOP_TO_PB.items()}
 
 
 def channels_to_proto(channels: list[Channel]) -> list[trace_pb2.AdvantageChannel]:
@@ -305,7 +310,7 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
         errors=[
             trace_pb2.TraceError(type=e.type, message=e.message, retryable=e.retryable) for e in trace.errors
         ],
-        stop_condition=_STOP_TO_PB[trace.stop_condition],
+        stop_condition=STOP_TO_PB[trace.stop_condition],
         is_truncated=trace.is_truncated,
         policy_span=trace_pb2.PolicySpan(start=trace.policy_span[0], end=trace.policy_span[1]),
         timing=trace_pb2.Timing(
@@ -350,7 +355,7 @@ def trace_from_proto(msg: trace_pb2.Trace, where: str = "trace") -> Trace:
         reward=msg.reward,
         metrics=dict(msg.metrics),
         errors=[TraceError(e.type, e.message, e.retryable) for e in msg.errors],
-        stop_condition=_STOP_FROM_PB.get(msg.stop_condition, ""),
+        stop_condition=STOP_FROM_PB.get(msg.stop_condition, ""),
         is_truncated=msg.is_truncated,
         policy_span=(msg.policy_span.start, msg.policy_span.end),
         timing={
@@ -363,3 +368,8 @@ def trace_from_proto(msg: trace_pb2.Trace, where: str = "trace") -> Trace:
     )
     trace.validate(where)
     return trace
+
+
+def trace_to_json(trace: Trace) -> dict:
+    """The trace in the proto's JSON mapping (camelCase keys, defaults left out)."""
+    return json_format.MessageToDict(trace_to_proto(trace))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlrun.common.wire import WireError
@@ -88,6 +89,19 @@ def sample_to_proto(sample: TrainingSample) -> training_pb2.TrainingSample:
         temperatures=sample.temperatures,
         channels=channels_to_proto(sample.channels),
     )
+
+
+@dataclass
+class EncodedSamples:
+    """A batch's samples in wire form, encoded while the batch is built (the CPU work of its
+    SubmitBatch, done while the previous step trains); its step, version and metrics are set
+    when it is submitted, since they are known only then (`trainer.submit_request_to_proto`)."""
+
+    message: training_pb2.TrainingBatch
+
+
+def encode_batch(samples: Sequence[TrainingSample]) -> EncodedSamples:
+    return EncodedSamples(training_pb2.TrainingBatch(samples=[sample_to_proto(s) for s in samples]))
 
 
 def batch_to_proto(batch: TrainingBatch) -> training_pb2.TrainingBatch:

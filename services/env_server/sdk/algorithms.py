@@ -18,18 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.common.wire import WireError
+from rlrun.common.wire.env import BranchResult
 from rlrun.common.wire.trace import Channel, Trace, validate_dims
-
-
-@dataclass
-class BranchResult:
-    trace_id: str
-    branch_index: int
-    channels: list[Channel]
-    """One value per branch token in each channel."""
-    mask: list[bool]
-    """Per branch token, true where the token trains."""
-
 
 Scorer = Callable[[list[str], list[int], int, float], Awaitable[list[float]]]
 """(replica addresses, token ids, start, temperature) -> logprobs of token_ids[start:]."""

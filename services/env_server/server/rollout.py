@@ -29,7 +29,6 @@ from rlrun.env_server.sdk.models import (
     OpenAIModel,
     RuleModel,
     RulePlayer,
-    with_stop_tokens,
 )
 from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode
 from rlrun.env_server.sdk.openai_client import OpenAIClients
@@ -83,7 +82,9 @@ def policy_target(plan: GenerationPlan) -> PlanTarget:
 
 
 def inference_model(target: PlanTarget, runtime: Runtime, request_id: str) -> InferenceModel:
-    sampling = with_stop_tokens(target.sampling, runtime.tokenizer.stop_token_ids)
+    # A compiled plan holds them already (the orchestrator's plan compiler); a plan from
+    # another client may not: an assistant message ends at the chat format's end either way.
+    sampling = target.sampling.with_stop_tokens(runtime.tokenizer.stop_token_ids)
     return InferenceModel(runtime.client, target.model.addresses, sampling, runtime.max_model_len, request_id)
 
 

@@ -22,9 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
-from rlrun.common.wire.trace import Trace, trace_to_proto
+from rlrun.common.wire.trace import Trace, trace_to_json
 from rlrun.orchestrator.run import tracking
 
 METRICS = "metrics.jsonl"
@@ -51,7 +49,7 @@ def trace_row(
 ) -> dict[str, Any]:
     """A trace as a JSON row; a kept rollout (`filters` given) also records `isFiltered` and
     the filters that flagged it."""
-    row = json_format.MessageToDict(trace_to_proto(trace))
+    row = trace_to_json(trace)
     if trace.task.example_id is not None:
         row["task"]["exampleId"] = trace.task.example_id
     if filters is not None:

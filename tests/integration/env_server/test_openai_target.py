@@ -112,7 +112,7 @@ async def test_the_debate_judge_served_by_an_external_openai_api(processes, tmp_
     assert plan_from_proto(message) == plan
     client = EnvClient(env_server.address, ClientOptions())
     try:
-        traces = await client.run_group("g0", TaskRef(env="debate", split="eval", idx=3), message, 2, 60.0)
+        traces = await client.run_group("g0", TaskRef(env="debate", split="eval", idx=3), plan, 2, 60.0)
     finally:
         await client.close()
     judges = [t for t in traces if t.member_id == "judge"]

@@ -18,7 +18,7 @@ from rlrun.common.config.model import CHAR_TOKENIZER
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.common.tokenizer_info import tokenizer_info
-from rlrun.common.wire.plan import plan_from_proto
+from rlrun.common.wire.plan import plan_from_proto, tokenizer_info_to_proto
 from rlrun.common.wire.trace import (
     Branch,
     MessageNode,
@@ -280,7 +280,7 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
         self.tokenizer = tokenizer_info(CharTokenizer.from_file(REPO / CHAR_TOKENIZER), CHAR_TOKENIZER)
 
     async def GetStatus(self, request, context):
-        return inference_pb2.GetInferenceStatusResponse(tokenizer=self.tokenizer)
+        return inference_pb2.GetInferenceStatusResponse(tokenizer=tokenizer_info_to_proto(self.tokenizer))
 
     async def Score(self, request, context):
         self.active += 1

@@ -9,6 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from rlrun.common.config.orchestrator import FiltersConfig, OrchestratorConfig
+from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.common.wire.trainer import Resumed, StepResult
+from rlrun.common.wire.training import encode_batch
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps
 from rlrun.orchestrator.credit.batching import build_batch
@@ -21,9 +24,7 @@ from rlrun.orchestrator.run.phase import RLPhase, WarmupPhase, rl_phase, warmup_
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
 from rlrun.orchestrator.run.state import OrchestratorState
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.orchestrator.run.step import BuiltStep, RunFailed
-from rlrun.orchestrator.run.trainer_client import Resumed, StepResult, encode_batch
 
 ORCH = OrchestratorConfig.model_validate(
     {"batch_size": 2, "group_size": 2, "max_steps": 3, "train": {"env": [{"id": "rev"}]}}
@@ -73,7 +74,7 @@ class FakeTrainer:
                 "step": step,
                 "version": version,
                 "lr": learning_rate,
-                "samples": len(batch.samples),
+                "samples": len(batch.message.samples),
                 "state": OrchestratorState.from_bytes(orchestrator_state),
                 "metrics": dict(metrics),
             }
