@@ -38,7 +38,7 @@ def used_algorithms(orch: OrchestratorConfig) -> dict[str, str]:
 
 def check_algorithms(orch: OrchestratorConfig) -> None:
     """Builtin ids' args validate; tables of algorithms the run does not use are errors."""
-    from rlrun.orchestrator.algorithms import builtin
+    from rlrun.orchestrator.credit.algorithms import builtin
 
     used = used_algorithms(orch)
     for name in orch.algorithm_args:
@@ -89,9 +89,9 @@ def _check_device(key: str, device: str) -> None:
 
 def check_environment(config: RunConfig, *, devices: bool = True) -> None:
     """What can be checked without starting anything (see the module's docstring)."""
-    from rlrun.env_server.environment import Environment
-    from rlrun.env_server.registry import resolve
-    from rlrun.orchestrator.algorithms import builtin
+    from rlrun.env_server.envs.registry import resolve
+    from rlrun.env_server.sdk.environment import Environment
+    from rlrun.orchestrator.credit.algorithms import builtin
 
     model = config.model
     if model.path is not None:

@@ -1,0 +1,64 @@
+"""Environment registry: built-in ids, or `package.module:Class` for environments that live
+outside rlrun (the module must be importable by the env-server and its workers)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.harnesses.registry import make_harness
+
+BUILTIN: dict[str, str] = {
+    "reverse-text": "rlrun.env_server.envs.reverse_text:ReverseText",
+    "alphabet-sort": "rlrun.env_server.envs.alphabet_sort:AlphabetSort",
+    "arithmetic": "rlrun.env_server.envs.arithmetic:Arithmetic",
+    "tool-calc": "rlrun.env_server.envs.tool_calc:ToolCalc",
+    "debate": "rlrun.env_server.envs.debate:Debate",
+    "dataset": "rlrun.env_server.envs.dataset:DatasetEnv",
+}
+
+
+VERIFIERS = "vf:"
+"""`vf:<name>`: the verifiers v1 environment whose taskset id is <name> (verifiers_env.py)."""
+
+
+def resolve(env_id: str) -> type[Environment]:
+    """The Environment class of a built-in id, a verifiers env or an import path; ValueError
+    when there is none."""
+    if env_id.startswith(VERIFIERS):
+        from rlrun.env_server.envs.verifiers.env import VerifiersEnv
+
+        return VerifiersEnv
+    path = BUILTIN.get(env_id, env_id)
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        raise ValueError(
+            f"unknown environment {env_id!r}; built-in ids are {sorted(BUILTIN)}, "
+            "or give an import path `package.module:Class`"
+        )
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"environment {env_id!r}: cannot import {path}: {error}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ValueError(f"environment {env_id!r}: {path} is not an Environment subclass")
+    return cls
+
+
+def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None = None) -> Environment:
+    """Builds the environment with the entry's `args` as keyword arguments; with `harness`
+    (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
+    cls = resolve(env_id)
+    if env_id.startswith(VERIFIERS):
+        args = {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    try:
+        env = cls(**args)
+    except TypeError as error:
+        raise ValueError(f"environment {env_id!r}: bad args {sorted(args)}: {error}") from None
+    if harness is not None:
+        try:
+            env.harness = make_harness(harness["id"], dict(harness.get("args", {})), env)
+        except ValueError as error:
+            raise ValueError(f"environment {env_id!r}: {error}") from None
+    return env
