@@ -105,7 +105,9 @@ class Cluster:
         webhooks = [m for m in manifests if m["kind"] != "CustomResourceDefinition"]
         self.apply(crds)
         for crd in crds:
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+            self.kubectl(
+                "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
+            )
         wait_for(lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, "Kueue /readyz", process)
         self.apply(webhooks)
 
@@ -126,7 +128,12 @@ class Cluster:
         }
 
     def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None, timeout: float = 120
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+        timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [tool("kubectl"), *args],
@@ -137,7 +144,9 @@ class Cluster:
             timeout=timeout,
         )
         if check and result.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+            raise ClusterError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}"
+            )
         return result
 
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -147,7 +156,9 @@ class Cluster:
             "HELM_CONFIG_HOME": str(cache / "config"),
             "HELM_DATA_HOME": str(cache / "data"),
         }
-        result = subprocess.run([tool("helm"), *args], capture_output=True, text=True, env=env, timeout=timeout)
+        result = subprocess.run(
+            [tool("helm"), *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
         if check and result.returncode != 0:
             raise ClusterError(f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
@@ -156,7 +167,11 @@ class Cluster:
         """Server-side apply of `objects` as the admin."""
         if objects:
             self.kubectl(
-                "apply", "--server-side", f"--field-manager={manager}", "-f", "-",
+                "apply",
+                "--server-side",
+                f"--field-manager={manager}",
+                "-f",
+                "-",
                 input=yaml.safe_dump_all(objects),
             )
 

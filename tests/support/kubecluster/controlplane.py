@@ -54,7 +54,9 @@ def write_kubeconfig(
                 "kind": "Config",
                 "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(ca)}}],
                 "users": [{"name": name, "user": user}],
-                "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}],
+                "contexts": [
+                    {"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}
+                ],
                 "current-context": name,
             }
         )
@@ -122,7 +124,9 @@ class ControlPlane:
         )
 
     def token_kubeconfig(self, name: str, token: str, namespace: str = "default") -> Path:
-        return write_kubeconfig(self.workdir / f"{name}.kubeconfig", self.server, self.ca, {"token": token}, namespace)
+        return write_kubeconfig(
+            self.workdir / f"{name}.kubeconfig", self.server, self.ca, {"token": token}, namespace
+        )
 
     def _run(self, name: str, argv: list[str]) -> Process:
         process = Process(name, argv, self.logs)

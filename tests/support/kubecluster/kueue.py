@@ -8,8 +8,8 @@ pod, Deployment and StatefulSet webhooks are those of Kueue's own kustomization.
 
 from __future__ import annotations
 
-import copy
 import base64
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,11 @@ def manifests(port: int, ca: Path) -> list[dict[str, Any]]:
             if hook["name"] in SELECTED_WEBHOOKS:
                 hook["namespaceSelector"] = {
                     "matchExpressions": [
-                        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": SKIPPED_NAMESPACES}
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": SKIPPED_NAMESPACES,
+                        }
                     ]
                 }
         out.append(config)
@@ -85,7 +89,9 @@ def configuration(port: int, cert_dir: Path) -> dict[str, Any]:
     }
 
 
-def start_kueue(workdir: Path, kubeconfig: Path, authority: Authority) -> tuple[Process, int, list[dict[str, Any]]]:
+def start_kueue(
+    workdir: Path, kubeconfig: Path, authority: Authority
+) -> tuple[Process, int, list[dict[str, Any]]]:
     """Starts Kueue's manager; returns it, its health port and the manifests to apply (after
     the CRDs exist it can start its controllers, after the webhooks it admits)."""
     port = free_port()

@@ -37,14 +37,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(check: Callable[[], object], timeout: float, what: str, process: Process | None = None) -> object:
+def wait_for(
+    check: Callable[[], object], timeout: float, what: str, process: Process | None = None
+) -> object:
     """Polls `check()` until it returns a truthy value; a process that exits meanwhile fails
     at once with its log's tail."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         if process is not None and process.exited():
-            raise ClusterError(f"{process.name} exited ({process.returncode()}) before {what}:\n{process.tail()}")
+            raise ClusterError(
+                f"{process.name} exited ({process.returncode()}) before {what}:\n{process.tail()}"
+            )
         try:
             value = check()
             if value:
