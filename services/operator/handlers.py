@@ -11,8 +11,8 @@
 - a liveness probe (`rlrun operator --liveness-port`); every pass is counted and timed in the
   operator's metrics (`rlrun.operator.metrics`), with each run's phase.
 
-`build_registry(options)` returns a fresh registry, so tests run the real handlers against an
-API emulator with a stand-in orchestrator.
+`build_registry(options)` returns a fresh registry, so tests run the real handlers against a
+real API server (tests/support/kubecluster) with a stand-in orchestrator.
 """
 
 from __future__ import annotations

@@ -559,13 +559,13 @@ class RLRunSpec(_Model):
     """true deletes the run's pods and keeps its PVC, ConfigMap and Services."""
 
     queue_name: str | None = Field(None, max_length=63)
-    """Kueue LocalQueue. The run is admitted all or nothing: every pod of the run is one Kueue
-    pod group (label kueue.x-k8s.io/queue-name and pod-group-name, annotations
-    pod-group-total-count = all the run's pods and pod-group-serving: "true"); the StatefulSets
-    and Deployments carry no queue label. Needs Kueue v0.10.0 or later with the `pod`
-    integration enabled for the namespace. Without Kueue (or without the pod integration) the
-    keys are inert and the pods schedule one by one as usual. Changing the run's size changes
-    the total on every pod template, so every pod rolls; suspend, resize, resume instead."""
+    """Kueue LocalQueue. The pods whose count the run fixes (trainer nodes, orchestrator,
+    env-servers, model servers) are one Kueue pod group, admitted all or nothing; the inference
+    replicas wait at zero until it is admitted, then each is a Kueue Workload of its own, so
+    scaling inference restarts nothing (docs/kueue.md). Needs Kueue v0.10.0 or later with the
+    `pod` integration enabled for the namespace. Without Kueue the keys are inert and the pods
+    schedule as usual. Resizing the gang changes every gang pod template: suspend, resize,
+    resume instead."""
 
     ttl_seconds_after_finished: int | None = Field(None, ge=0)
     """Delete the RLRun this long after it succeeded or failed. Default: keep it."""
