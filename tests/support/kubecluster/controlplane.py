@@ -214,9 +214,11 @@ class ControlPlane:
                 f"--cluster-signing-key-file={self.authority.key}",
                 "--leader-elect=false",
                 # The garbage collector and the workload controllers react at once, as on a
-                # real cluster's default settings; only the node monitor is slowed to the
-                # heartbeat the simulated nodes keep.
-                "--node-monitor-grace-period=60s",
+                # real cluster's default settings; only the node monitor waits longer for a
+                # heartbeat: on 2 busy cores kwok's lease renewals can lag past the default 50 s,
+                # and a node marked NotReady marks its pods not Ready, which kwok (unlike a
+                # kubelet) never sets back.
+                "--node-monitor-grace-period=5m",
                 "--v=1",
             ],
         )
