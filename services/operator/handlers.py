@@ -11,8 +11,8 @@
 - a liveness probe (`rlrun operator --liveness-port`); every pass is counted and timed in the
   operator's metrics (`rlrun.operator.metrics`), with each run's phase.
 
-`build_registry(options)` returns a fresh registry, so tests run the real handlers against an
-API emulator with a stand-in orchestrator.
+`build_registry(options)` returns a fresh registry, so tests run the real handlers against a
+real API server (tests/support/kubecluster) with a stand-in orchestrator.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from typing import Any
 
 import kopf
 
+from rlrun.operator import kueue
 from rlrun.operator.auth import run_credentials
 from rlrun.operator.config import Cluster, auth_secret_name
 from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
 from rlrun.operator.metrics import OperatorMetrics
-from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state
+from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state, pod_group_name
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
 from rlrun.operator.status import (
     TERMINAL,
@@ -184,6 +185,39 @@ def _pods(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> lis
     return [state for state in (pod_state(pod, events) for pod in pods) if state is not None]
 
 
+def _admission(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> kueue.Admission | None:
+    """Kueue's word on a queued run's pod group (None for a run without spec.queueName)."""
+    if not (run["spec"] or {}).get("queueName"):
+        return None
+    meta = run["metadata"]
+    group = pod_group_name(Cluster(meta["name"], meta["namespace"]))
+    kube = runtime.kube
+    try:
+        workload = kube.get(*kueue.WORKLOAD_API, meta["namespace"], group)
+        pods = kube.list("v1", "Pod", meta["namespace"], {kueue.GROUP_NAME_LABEL: group})
+    except KubeError as error:
+        # Without Kueue's CRD the Workload kind does not exist (404 is None above): only a real
+        # failure lands here, and the inference replicas stay held until the next pass.
+        logger.warning("cannot read the run's Kueue Workload: %s", error)
+        return kueue.Admission(False, "WorkloadUnknown", str(error))
+    return kueue.admission(workload, pods)
+
+
+def _release_gang(runtime: _Runtime, run: dict[str, Any], result: ApplyResult) -> None:
+    """Deletes the run's Kueue Workload once its pod group is no longer wanted (suspended,
+    finished, no queue any more). Kueue keeps a serving pod group's Workload, its quota and
+    the `kueue.x-k8s.io/managed` finalizer of every pod after the pods' StatefulSets and
+    Deployments are gone (seen with Kueue v0.17: the pods stay Terminating, the quota stays
+    reserved); deleting the Workload releases both."""
+    meta = run["metadata"]
+    group = pod_group_name(Cluster(meta["name"], meta["namespace"]))
+    try:
+        if runtime.kube.delete(*kueue.WORKLOAD_API, meta["namespace"], group):
+            result.deleted.append(f"Workload/{group}")
+    except KubeError as error:
+        result.failed.append(f"Workload/{group}: {error.message}")
+
+
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
     kube = runtime.kube
     meta = run["metadata"]
@@ -206,16 +240,20 @@ async def _sync(
     run = _plain(body)
     meta, previous = run["metadata"], run["status"]
     finished = is_finished(previous)
-    state = desired_state(run, options.defaults, finished=finished)
+    admission = await asyncio.to_thread(_admission, runtime, run, logger) if not finished else None
+    admitted = admission is None or admission.admitted
+    state = desired_state(run, options.defaults, finished=finished, gang_admitted=admitted)
     report = poll_error = None
     polled = False
     if poll and state.error is None and not finished and not state.spec.suspend:
         polled = True
         report, poll_error = await _report(runtime, run, state.spec)
         if report is not None and report.run_phase in TERMINAL:
-            state = desired_state(run, options.defaults, finished=True)
+            finished = True
+            state = desired_state(run, options.defaults, finished=True, gang_admitted=admitted)
 
     live: dict = {}
+    failed: list[str] = []
     if state.error is None:
         try:
             result = await asyncio.to_thread(_apply, runtime, run, state.objects)
@@ -223,6 +261,10 @@ async def _sync(
             raise kopf.TemporaryError(
                 f"cannot reach the API: {error}", delay=options.status_interval_s
             ) from error
+        queued_before = any(c.get("type") == "Admitted" for c in previous.get("conditions") or [])
+        gang_wanted = bool(state.spec.queue_name) and not (state.spec.suspend or finished)
+        if (state.spec.queue_name or queued_before) and not gang_wanted:
+            await asyncio.to_thread(_release_gang, runtime, run, result)
         live = result.live
         if result.changed:
             summary = "; ".join(
@@ -235,6 +277,7 @@ async def _sync(
                 if items
             )
             kopf.event(body, type="Normal", reason="Reconciled", message=summary[:1000])
+        failed = result.failed
         for failure in result.failed:
             kopf.event(body, type="Warning", reason="ApplyFailed", message=failure[:1000])
         if result.failed:
@@ -255,6 +298,8 @@ async def _sync(
         report=report,
         poll_error=poll_error,
         pods=pods,
+        admission=admission,
+        apply_errors=failed,
     )
     new = build_status(previous, observation)
     options.metrics.set_phase(meta["namespace"], meta["name"], new["phase"])
@@ -314,6 +359,8 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
             secret = auth_secret_name(Cluster(meta["name"], meta["namespace"]))
             if await asyncio.to_thread(runtime.kube.delete, "v1", "Secret", meta["namespace"], secret):
                 result.deleted.append(f"Secret/{secret}")
+            if (body.get("spec") or {}).get("queueName"):
+                await asyncio.to_thread(_release_gang, runtime, _plain(body), result)
         runtime.runs.discard((meta.get("namespace"), meta.get("name")))
         options.metrics.forget(meta.get("namespace"), meta.get("name"))
         if result.deleted:

@@ -133,13 +133,15 @@ def test_every_object_is_owned_labelled_and_restricted(path):
             assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_sample_reverse_text_on_one_inference_and_one_trainer_gpu():
+def test_sample_reverse_text_on_cpu_nodes():
     state = desired_state(load(REPO / "configs" / "k8s" / "rlrun.yaml"))
     objs = objects(state)
     inference = objs[("StatefulSet", "reverse-text-inference")]
     trainer = objs[("StatefulSet", "reverse-text-trainer")]
-    assert container(inference)["resources"]["limits"] == {GPU: 1}
-    assert container(trainer)["resources"]["limits"] == {GPU: 1}
+    # The demo's model trains on CPU: no GPU asked for, no GPU toleration.
+    for workload in (inference, trainer):
+        assert GPU not in container(workload)["resources"].get("limits", {})
+        assert "tolerations" not in pod(workload)
     assert container(inference)["args"][:2] == ["serve", "inference"]
     assert container(inference)["args"][2:] == [
         "--config",
@@ -176,7 +178,7 @@ def test_sample_reverse_text_on_one_inference_and_one_trainer_gpu():
         == f"dns:///reverse-text-env-reverse-text.{domain}:50051"
     )
     assert toml["orchestrator"]["train"]["env"][0]["pool"] == {"type": "static", "num_workers": 2}
-    assert toml["inference"]["device"] == toml["trainer"]["device"] == "cuda"
+    assert "device" not in toml["inference"] and "device" not in toml["trainer"]
     assert toml["output_dir"] == "/data/reverse-text"
     # The run file the pods read is a valid run config.
     config, _ = resolve_config(copy.deepcopy(toml))
@@ -854,7 +856,12 @@ def test_the_model_download_fetches_into_the_mounted_directory(tmp_path, monkeyp
 @pytest.mark.parametrize(
     ("model", "where"),
     [
-        ({}, "exactly one of claim and huggingFace"),
+        ({}, "exactly one of claim, huggingFace and image"),
+        (
+            {"claim": {"claimName": "w"}, "image": {"path": "/opt/m"}},
+            "exactly one of claim, huggingFace and image",
+        ),
+        ({"image": {"path": "relative"}}, "spec.model.image.path"),
         ({"claim": {"claimName": "w", "subPath": "../x"}}, "spec.model.claim.subPath"),
         ({"huggingFace": {"id": "not a repo", "cacheSize": "1Gi"}}, "spec.model.huggingFace.id"),
         ({"huggingFace": {"id": "a/b"}}, "spec.model.huggingFace.cacheSize"),
@@ -952,3 +959,24 @@ def test_bad_pod_customisation_names_the_field(overrides, path, message):
     state = desired_state(make_run(trainer=overrides))
     assert state.error is not None and not state.objects
     assert state.error.path == path and message in str(state.error), str(state.error)
+
+
+def test_a_model_path_no_model_source_backs_is_refused_naming_the_field():
+    """`model.path` with no spec.model: nothing would put the weights there, so the pods would
+    start with no model (a plain emptyDir, or a path in no image)."""
+    run = make_run(config=BASE_CONFIG.replace("[model]", '[model]\npath = "/data/my-model"'))
+    state = desired_state(run)
+    assert state.objects == []
+    assert state.error_message.startswith(
+        "spec.config.model.path: /data/my-model is backed by no model source"
+    )
+    assert "spec.model" in state.error_message
+
+
+def test_a_model_baked_into_the_images_mounts_nothing():
+    state = desired_state(make_run(model={"image": {"path": "/opt/models/qwen3"}}))
+    assert state.error is None
+    assert rendered(state)["model"]["path"] == "/opt/models/qwen3"
+    for (kind, name), obj in objects(state).items():
+        if kind in ("StatefulSet", "Deployment"):
+            assert "model" not in {v["name"] for v in pod(obj).get("volumes", [])}, name
