@@ -177,7 +177,7 @@ class ControlPlane:
                 f"--service-account-signing-key-file={service_accounts.key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=ExtendedResourceToleration",
+                "--enable-admission-plugins=ExtendedResourceToleration,NodeRestriction",
                 "--allow-privileged=true",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--audit-policy-file={policy}",
