@@ -158,6 +158,10 @@ class ControlPlane:
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         advertise = self.bind_address
+        # How the API server authenticates to kubelets (`kubectl logs` through the node agent), as kubeadm sets it up.
+        kubelet_client = self.authority.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organization="system:masters"
+        )
         apiserver = self._run(
             "kube-apiserver",
             [
@@ -172,6 +176,8 @@ class ControlPlane:
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={self.ca}",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
                 f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
                 f"--service-account-key-file={service_accounts.cert}",
                 f"--service-account-signing-key-file={service_accounts.key}",

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from .config import AgentConfig
 from .kube import ApiError, Kube
 from .network import Addresses, Bridge
 from .pods import PodWorker
+from .server import KubeletServer
 
 log = logging.getLogger("kubecluster.agent")
 
@@ -55,6 +57,7 @@ class Agent:
         self.stopping = threading.Event()
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
+        self.server: KubeletServer | None = None
 
     # --- API access for the pods
 
@@ -116,11 +119,10 @@ class Agent:
                 }
                 for kind, status, reason, message in conditions
             ],
-            "addresses": [
-                {"type": "InternalIP", "address": self.node_ip},
-                {"type": "Hostname", "address": self.config.node},
-            ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.config.kubelet_port}},
+            # No Hostname address: the API server would try it first for `kubectl logs`, and the
+            # node's name resolves nowhere.
+            "addresses": [{"type": "InternalIP", "address": self.node_ip}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.server.port if self.server else 0}},
             "nodeInfo": {
                 "machineID": "",
                 "systemUUID": "",
@@ -222,8 +224,29 @@ class Agent:
 
     # --- the process
 
+    def log_file(
+        self, namespace: str, pod: str, container: str, previous: bool
+    ) -> tuple[Path, Callable[[], bool]] | None:
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            meta = worker.pod["metadata"]
+            if (meta["namespace"], meta["name"]) == (namespace, pod):
+                return worker.log_file(container, previous)
+        return None
+
     def run(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        config = self.config
+        if config.kubelet_cert:
+            self.server = KubeletServer(
+                self.node_ip,
+                config.kubelet_port,
+                config.kubelet_cert,
+                config.kubelet_key,
+                config.client_ca,
+                self.log_file,
+            ).start()
         self.register()
         log.info("node %s registered (%s, pods on %s)", self.config.node, self.node_ip, self.config.network)
         threads = [
@@ -240,6 +263,8 @@ class Agent:
             worker.shutdown(SHUTDOWN_GRACE_S)
         for worker in workers:
             worker.join()
+        if self.server is not None:
+            self.server.stop()
         log.info("stopped")
 
 

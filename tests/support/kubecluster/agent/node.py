@@ -54,7 +54,11 @@ class NodeAgent:
         self.folder.mkdir(parents=True, exist_ok=True)
         apply(RBAC)
         self.processes.append(start_coredns(self.bridge.gateway, control_plane, self.folder))
-        pair = control_plane.authority.issue(f"node-{self.name}", f"system:node:{self.name}", "system:nodes")
+        authority = control_plane.authority
+        pair = authority.issue(f"node-{self.name}", f"system:node:{self.name}", "system:nodes")
+        serving = authority.issue(
+            f"kubelet-{self.name}", f"system:node:{self.name}", hosts=(self.bridge.gateway,), server=True
+        )
         python = venv_python()
         config = AgentConfig(
             node=self.name,
@@ -69,6 +73,9 @@ class NodeAgent:
             python=str(python),
             cluster_domain=CLUSTER_DOMAIN,
             labels=dict(NODE_LABELS),
+            kubelet_cert=str(serving.cert),
+            kubelet_key=str(serving.key),
+            client_ca=str(control_plane.ca),
         )
         path = config.save(self.folder / "config.json")
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(SUPPORT), "PYTHONUNBUFFERED": "1"}

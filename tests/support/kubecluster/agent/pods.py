@@ -14,6 +14,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,6 +137,19 @@ class PodWorker(threading.Thread):
     def shutdown(self, grace_s: float) -> None:
         self.shutdown_grace = grace_s
         self.wake.set()
+
+    def log_file(self, name: str, previous: bool) -> tuple[Path, Callable[[], bool]] | None:
+        """A container's log (the current start's, or the one before) and whether it still grows."""
+        container = next((c for c in self.containers if c.name == name), None)
+        if container is None or not container.attempts:
+            return None
+        attempt = container.restarts - (1 if previous else 0)
+        if attempt < 0:
+            return None
+        return (
+            self.log_folder / name / f"{attempt}.log",
+            lambda: not previous and container.running and container.restarts == attempt,
+        )
 
     # --- the loop
 
