@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import sys
 import threading
 import uuid
@@ -89,13 +90,30 @@ def token_key(cluster) -> bytes:
     return base64.b64decode(secret["data"]["key"])
 
 
-@pytest.fixture
-def namespace(cluster):
-    """A namespace of the test's own. Its RLRuns' finalizers are released at the end (the
-    operator is gone by then), so that the namespace controller can delete everything."""
+RUN_NAMESPACES: list[str] = ["default"]
+"""The chart's operator.runNamespaces so far (where the operator may write run Secrets)."""
+
+
+def allow_runs_in(cluster, namespace: str) -> None:
+    """What an admin does for a new team namespace: adds it to the chart's runNamespaces."""
+    RUN_NAMESPACES.append(namespace)
+    cluster.helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
+        "--set-json", f"operator.runNamespaces={json.dumps(RUN_NAMESPACES)}",
+    )
+
+
+def new_namespace(cluster) -> str:
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
-    yield name
+    return name
+
+
+def release_namespace(cluster, name: str) -> None:
+    """Releases its RLRuns' finalizers (the operator is gone by then) and deletes it, so that
+    the namespace controller can delete everything. The chart's next upgrade drops its Role."""
+    if name in RUN_NAMESPACES:
+        RUN_NAMESPACES.remove(name)
     runs = cluster.get_json("rlruns", "-n", name)
     for run in runs["items"]:
         cluster.kubectl(
@@ -110,6 +128,23 @@ def namespace(cluster):
             check=False,
         )
     cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+def namespace(cluster):
+    """A namespace of the test's own, where the chart lets the operator run runs."""
+    name = new_namespace(cluster)
+    allow_runs_in(cluster, name)
+    yield name
+    release_namespace(cluster, name)
+
+
+@pytest.fixture
+def unlisted_namespace(cluster):
+    """A namespace the chart's runNamespaces does not list."""
+    name = new_namespace(cluster)
+    yield name
+    release_namespace(cluster, name)
 
 
 @pytest.fixture

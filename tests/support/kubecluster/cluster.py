@@ -21,7 +21,7 @@ import yaml
 
 from .agent import NodeAgent
 from .controlplane import ControlPlane
-from .kueue import start_kueue
+from .kueue import Kueue
 from .kwok import CPU_POOL, GPU_POOL, NodePool, start_kwok
 from .processes import ClusterError, Process, tool, wait_for
 from .provisioner import Provisioner, storage_class
@@ -109,17 +109,14 @@ class Cluster:
         )
 
     def _start_kueue(self) -> None:
-        process, health, manifests = start_kueue(self.workdir, self.kubeconfig, self.control_plane.authority)
+        kueue = Kueue(self.workdir, self.kubeconfig, self.control_plane.authority)
+        self.apply(kueue.crds)
+        for crd in kueue.crds:
+            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+        process = kueue.start()
         self.processes.append(process)
-        crds = [m for m in manifests if m["kind"] == "CustomResourceDefinition"]
-        webhooks = [m for m in manifests if m["kind"] != "CustomResourceDefinition"]
-        self.apply(crds)
-        for crd in crds:
-            self.kubectl(
-                "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
-            )
-        wait_for(lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, "Kueue /readyz", process)
-        self.apply(webhooks)
+        wait_for(lambda: _http_ok(kueue.ready_url), 120, "Kueue /readyz", process)
+        self.apply(kueue.webhooks)
 
     # --- clients
 

@@ -76,11 +76,11 @@ def manifests(port: int, ca: Path) -> list[dict[str, Any]]:
     return out
 
 
-def configuration(port: int, cert_dir: Path) -> dict[str, Any]:
+def configuration(port: int, cert_dir: Path, health_port: int) -> dict[str, Any]:
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{free_port()}"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         "metrics": {"bindAddress": "0"},
         "webhook": {"host": "127.0.0.1", "port": port, "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
@@ -89,24 +89,49 @@ def configuration(port: int, cert_dir: Path) -> dict[str, Any]:
     }
 
 
-def start_kueue(
-    workdir: Path, kubeconfig: Path, authority: Authority
-) -> tuple[Process, int, list[dict[str, Any]]]:
-    """Starts Kueue's manager; returns it, its health port and the manifests to apply (after
-    the CRDs exist it can start its controllers, after the webhooks it admits)."""
-    port = free_port()
-    cert_dir = workdir / "kueue-certs"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    pair = authority.issue("kueue-webhook", "kueue-webhook", hosts=("127.0.0.1",), server=True)
-    (cert_dir / "tls.crt").write_bytes(pair.cert.read_bytes())
-    (cert_dir / "tls.key").write_bytes(pair.key.read_bytes())
-    config = configuration(port, cert_dir)
-    config_path = workdir / "kueue-config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    health = int(config["health"]["healthProbeBindAddress"].rsplit(":", 1)[1])
-    process = Process(
-        "kueue",
-        [tool("kueue"), f"--config={config_path}", f"--kubeconfig={kubeconfig}", "--zap-log-level=info"],
-        workdir / "logs",
-    )
-    return process, health, manifests(port, authority.cert)
+class Kueue:
+    """Kueue's manifests and its manager: apply `crds`, then `start()`, then (once its webhook
+    server is up, `ready_url`) apply `webhooks`."""
+
+    def __init__(self, workdir: Path, kubeconfig: Path, authority: Authority):
+        self.workdir, self.kubeconfig, self.authority = workdir, kubeconfig, authority
+        self.port = free_port()
+        objects = manifests(self.port, authority.cert)
+        self.crds = [m for m in objects if m["kind"] == "CustomResourceDefinition"]
+        self.webhooks = [m for m in objects if m["kind"] != "CustomResourceDefinition"]
+        self.health_port = free_port()
+
+    @property
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}/readyz"
+
+    def start(self) -> Process:
+        workdir, authority = self.workdir, self.authority
+        cert_dir = workdir / "kueue-certs"
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        pair = authority.issue("kueue-webhook", "kueue-webhook", hosts=("127.0.0.1",), server=True)
+        (cert_dir / "tls.crt").write_bytes(pair.cert.read_bytes())
+        (cert_dir / "tls.key").write_bytes(pair.key.read_bytes())
+        config = configuration(self.port, cert_dir, self.health_port)
+        config_path = workdir / "kueue-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        # Without its internal certificate manager, Kueue reads its metrics server's certificate
+        # from a fixed path, /etc/kueue/metrics/certs: it runs in a mount namespace of its own
+        # whose /etc is an overlay of the host's, so that the path exists for Kueue alone.
+        etc = workdir / "kueue-etc"
+        for part in ("upper/kueue/metrics/certs", "work"):
+            (etc / part).mkdir(parents=True, exist_ok=True)
+        metrics = authority.issue("kueue-metrics", "kueue-metrics", hosts=("127.0.0.1",), server=True)
+        (etc / "upper/kueue/metrics/certs/tls.crt").write_bytes(metrics.cert.read_bytes())
+        (etc / "upper/kueue/metrics/certs/tls.key").write_bytes(metrics.key.read_bytes())
+        command = " ".join(
+            [
+                f"mount -t overlay overlay -o lowerdir=/etc,upperdir={etc}/upper,workdir={etc}/work /etc &&",
+                f"exec {tool('kueue')} --config={config_path} --kubeconfig={self.kubeconfig} --zap-log-level=info"
+                # The on-demand visibility API server needs certificates at /visibility; not used here.
+                " --feature-gates=VisibilityOnDemand=false",
+            ]
+        )
+        return Process(
+            "kueue", ["unshare", "--mount", "--propagation", "private", "sh", "-c", command], workdir / "logs"
+        )
