@@ -25,9 +25,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m kubecluster", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start the cluster and wait for Ctrl-C")
-    up.add_argument("--workdir", type=Path, help="keep the cluster's files here (default: a new temporary folder)")
+    up.add_argument(
+        "--workdir", type=Path, help="keep the cluster's files here (default: a new temporary folder)"
+    )
     up.add_argument("--no-kueue", action="store_true", help="without Kueue")
-    up.add_argument("--no-chart", action="store_true", help="without the chart (run `rlrun operator` yourself)")
+    up.add_argument(
+        "--no-chart", action="store_true", help="without the chart (run `rlrun operator` yourself)"
+    )
     return parser.parse_args(argv)
 
 
@@ -40,8 +44,14 @@ def up(args: argparse.Namespace, stop: threading.Event, started: threading.Event
         if not args.no_chart:
             print("installing the chart (the operator runs as a pod on the agent's node) ...", flush=True)
             cluster.helm(
-                "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-                "--wait", "--timeout=300s",
+                "install",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "--create-namespace",
+                "--wait",
+                "--timeout=300s",
             )
         print(
             f"\nThe cluster is up ({cluster.start_s:.0f}s); its files are in {cluster.workdir}\n"

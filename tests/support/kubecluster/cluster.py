@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .agent import NodeAgent
+from .agent import HTTPS_PORT, NodeAgent
 from .controlplane import ControlPlane
 from .kueue import Kueue
 from .kwok import CPU_POOL, GPU_POOL, NodePool, start_kwok
@@ -69,7 +69,9 @@ class Cluster:
         # --- the node agent's hook (1/3): its pod network exists before the API server binds to it
         self.agent = NodeAgent(workdir) if self.options.agent else None
         bind_address = self.agent.create_network() if self.agent is not None else "127.0.0.1"
-        self.control_plane = ControlPlane(workdir, bind_address=bind_address)
+        self.control_plane = ControlPlane(
+            workdir, bind_address=bind_address, port=HTTPS_PORT if self.agent is not None else 0
+        )
         try:
             self.control_plane.start()
             self._admin = self.api_client()
@@ -112,7 +114,9 @@ class Cluster:
         kueue = Kueue(self.workdir, self.kubeconfig, self.control_plane.authority)
         self.apply(kueue.crds)
         for crd in kueue.crds:
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+            self.kubectl(
+                "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
+            )
         process = kueue.start()
         self.processes.append(process)
         wait_for(lambda: _http_ok(kueue.ready_url), 120, "Kueue /readyz", process)

@@ -74,6 +74,7 @@ class ControlPlane:
     """The API server's address: loopback, or the node agent's bridge so that pods reach it."""
     processes: list[Process] = field(default_factory=list)
     port: int = 0
+    """The API server's port: a free one if 0 (the node agent's cluster uses 443, see kubecluster.agent.coredns)."""
     kubeconfig: Path = field(init=False)
     ca: Path = field(init=False)
     authority: Authority = field(init=False)
@@ -94,7 +95,7 @@ class ControlPlane:
         pki = self.workdir / "pki"
         self.authority = Authority(pki)
         self.ca = self.authority.cert
-        self.port = free_port(self.bind_address)
+        self.port = self.port or free_port(self.bind_address)
         hosts = (
             "127.0.0.1",
             self.bind_address,

@@ -3,6 +3,7 @@ as local processes, in namespaces of the pod's own (network, mount, PID), with t
 command, environment, volumes and probes, so that the pods the operator renders really run
 (docs/testing-kubernetes.md)."""
 
+from .coredns import HTTPS_PORT
 from .node import NODE_NAME, NodeAgent
 
-__all__ = ["NODE_NAME", "NodeAgent"]
+__all__ = ["HTTPS_PORT", "NODE_NAME", "NodeAgent"]

@@ -2,7 +2,12 @@
 port 53, its kubernetes plugin watching the API server as `system:coredns` with kubeadm's
 ClusterRole for it. rlrun's Services are headless, so names resolve to the ready pods' IPs,
 and a StatefulSet's pods to `<pod>.<service>.<namespace>.svc.cluster.local` (their hostname and
-subdomain, which the EndpointSlice controller copies into the slices)."""
+subdomain, which the EndpointSlice controller copies into the slices).
+
+The test cluster has no kube-proxy, so a Service's cluster IP leads nowhere. In-cluster clients
+reach the API server all the same: `kubernetes.default.svc` resolves to the API server's own
+address, where it listens on 443 (kopf's in-cluster login, for one, calls
+https://kubernetes.default.svc whatever KUBERNETES_SERVICE_HOST says)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from ..controlplane import CLUSTER_DOMAIN, ControlPlane
 from ..processes import Process, free_port, tool, wait_for
 
 USER = "system:coredns"
+HTTPS_PORT = 443
+"""The API server's port in a cluster with the node agent, the `kubernetes` Service's port."""
 RBAC: list[dict[str, Any]] = [
     {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -38,13 +45,17 @@ RBAC: list[dict[str, Any]] = [
 ]
 
 
-def corefile(address: str, kubeconfig: Path, ready_port: int) -> str:
+def corefile(address: str, api_host: str, kubeconfig: Path, ready_port: int) -> str:
     # No cache: a Service's name resolves as soon as its endpoints are ready, as tests expect.
     return f"""\
 .:53 {{
     bind {address}
     errors
     ready 127.0.0.1:{ready_port}
+    hosts {{
+        {api_host} kubernetes.default.svc.{CLUSTER_DOMAIN}
+        fallthrough
+    }}
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {kubeconfig} rlrun-test
         pods insecure
@@ -61,7 +72,7 @@ def start_coredns(address: str, control_plane: ControlPlane, folder: Path) -> Pr
     kubeconfig = control_plane.client_kubeconfig("coredns", pair)
     ready_port = free_port()
     config = folder / "Corefile"
-    config.write_text(corefile(address, kubeconfig, ready_port))
+    config.write_text(corefile(address, control_plane.bind_address, kubeconfig, ready_port))
     process = Process("coredns", [tool("coredns"), "-conf", str(config)], control_plane.logs)
     wait_for(lambda: _ready(ready_port), 60, "CoreDNS /ready", process)
     return process

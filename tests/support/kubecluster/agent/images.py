@@ -24,6 +24,25 @@ class ImageError(ValueError):
 
 
 @dataclass(frozen=True)
+class User:
+    """An account the image's RUN lines create (`useradd`): the container's /etc/passwd and
+    /etc/group get it, as the image's do (kopf, for one, looks its user up)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    shell: str
+    create_home: bool
+
+    def passwd(self) -> str:
+        return f"{self.name}:x:{self.uid}:{self.gid}::{self.home}:{self.shell}\n"
+
+    def group(self) -> str:
+        return f"{self.name}:x:{self.gid}:\n"
+
+
+@dataclass(frozen=True)
 class Image:
     name: str
     dockerfile: Path
@@ -34,6 +53,11 @@ class Image:
     user: str | None = None
     copies: list[tuple[str, str]] = field(default_factory=list)
     """(path in the repository, path in the image) of each COPY from the build context."""
+    users: list[User] = field(default_factory=list)
+
+    def home(self, uid: int) -> str:
+        """HOME as a runtime sets it: the user's home in the image's passwd, else / (root: /root)."""
+        return next((u.home for u in self.users if u.uid == uid), "/root" if uid == 0 else "/")
 
     def uid_gid(self) -> tuple[int, int]:
         """USER as numbers (the images use `uid:gid`; a name would need the image's passwd)."""
@@ -65,6 +89,7 @@ def _final_stage(image: str, path: Path) -> Image:
     env = {"PATH": BASE_PATH}
     user = None
     copies: list[tuple[str, str]] = []
+    users: list[User] = []
     for keyword, rest in stages(path)[-1]:
         if keyword == "ENTRYPOINT":
             entrypoint, cmd = exec_form(rest), []  # a new ENTRYPOINT resets CMD, as in Docker
@@ -78,7 +103,9 @@ def _final_stage(image: str, path: Path) -> Image:
             user = _substitute(rest, env)
         elif keyword == "COPY":
             copies += _copies(rest, workdir)
-    return Image(image, path, entrypoint, cmd, workdir, env, user, copies)
+        elif keyword == "RUN":
+            users += _users(rest)
+    return Image(image, path, entrypoint, cmd, workdir, env, user, copies, users)
 
 
 def _substitute(text: str, env: dict[str, str]) -> str:
@@ -102,3 +129,42 @@ def _copies(rest: str, workdir: str) -> list[tuple[str, str]]:
     if len(sources) == 1 and not target.endswith("/"):
         return [(sources[0], target_dir)]
     return [(source, posixpath.join(target_dir, posixpath.basename(source))) for source in sources]
+
+
+def _users(command: str) -> list[User]:
+    """The accounts `useradd` creates in a RUN line (numeric --uid; --user-group or --gid)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in ("&&", "||", ";", "|"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [_useradd(words[1:]) for words in commands if words and words[0] == "useradd"]
+
+
+def _useradd(words: list[str]) -> User:
+    names = {"-u": "--uid", "-g": "--gid", "-d": "--home-dir", "-s": "--shell"}
+    options: dict[str, str] = {}
+    flags: set[str] = set()
+    positional = []
+    remaining = iter(words)
+    for word in remaining:
+        word = names.get(word, word)
+        if word in names.values():
+            options[word] = next(remaining)
+        elif word.startswith("-"):
+            flags.add(word)
+        else:
+            positional.append(word)
+    name = positional[-1]
+    uid = int(options.get("--uid", "1000"))
+    return User(
+        name=name,
+        uid=uid,
+        gid=int(options.get("--gid", uid)),
+        home=options.get("--home-dir", f"/home/{name}"),
+        shell=options.get("--shell", "/bin/sh"),
+        create_home=bool(flags & {"--create-home", "-m"}),
+    )

@@ -8,6 +8,7 @@ does."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -414,7 +415,7 @@ class PodWorker(threading.Thread):
         if not argv:
             raise ConfigError(f"container {container.name}: neither the pod nor the image gives a command")
         uid, gid, groups = self._identity(spec, image)
-        env.setdefault("HOME", "/root" if uid == 0 else "/")
+        env.setdefault("HOME", image.home(uid))
         security = spec.get("securityContext") or {}
         launch = Launch(
             argv=argv,
@@ -427,6 +428,10 @@ class PodWorker(threading.Thread):
             read_only_root=bool(security.get("readOnlyRootFilesystem")),
             no_new_privileges=security.get("allowPrivilegeEscalation") is False,
             traverse=self.agent.traverse,
+            users=[
+                {**dataclasses.asdict(user), "passwd": user.passwd(), "group": user.group()}
+                for user in image.users
+            ],
         )
         return launch, image
 

@@ -126,9 +126,10 @@ def bind(source: str, target: str, read_only: bool) -> None:
 def build_root(spec: dict) -> list[str]:
     """Mounts the container's root at spec["rootfs"]; returns the overlays' mount points."""
     root, scratch = spec["rootfs"], spec["scratch"]
+    filesystems = host_filesystems()  # before the scratch tmpfs below is one of them
     mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700")
     overlays = []
-    for index, point in enumerate(host_filesystems()):
+    for index, point in enumerate(filesystems):
         upper, work = os.path.join(scratch, str(index), "upper"), os.path.join(scratch, str(index), "work")
         os.makedirs(upper)
         os.makedirs(work)
@@ -150,12 +151,30 @@ def build_root(spec: dict) -> list[str]:
     return overlays
 
 
+def add_users(root: str, users: list[dict]) -> None:
+    """The image's accounts, in the container's copy of /etc/passwd and /etc/group."""
+    for user in users:
+        with open(inside(root, "/etc/passwd")) as passwd:
+            known = [line.split(":") for line in passwd]
+        if any(fields[0] == user["name"] or fields[2] == str(user["uid"]) for fields in known):
+            continue
+        with open(inside(root, "/etc/passwd"), "a") as passwd:
+            passwd.write(user["passwd"])
+        with open(inside(root, "/etc/group"), "a") as group:
+            group.write(user["group"])
+        if user["create_home"]:
+            home = mount_point(root, user["home"], True)
+            os.chown(home, user["uid"], user["gid"])
+            os.chmod(home, 0o700)
+
+
 def mount_all(spec: dict) -> None:
     root = spec["rootfs"]
     overlays = build_root(spec)
     for each in spec["mounts"]:
         target = mount_point(root, each["target"], os.path.isdir(each["source"]))
         bind(each["source"], target, each["readOnly"])
+    add_users(root, spec["users"])
     workdir = mount_point(root, spec["workdir"], True)
     if spec["uid"] != 0:
         # The venv's interpreter may sit under a directory only root may enter (/root is 0700):

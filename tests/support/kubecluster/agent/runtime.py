@@ -102,6 +102,8 @@ class Launch:
     read_only_root: bool
     no_new_privileges: bool
     traverse: list[str] = field(default_factory=list)
+    users: list[dict[str, Any]] = field(default_factory=list)
+    """The image's accounts (images.User): passwd and group lines, home folders."""
 
 
 class Run:
@@ -124,6 +126,7 @@ class Run:
             "readOnlyRoot": launch.read_only_root,
             "noNewPrivileges": launch.no_new_privileges,
             "traverse": launch.traverse,
+            "users": launch.users,
         }
         (folder / "spec.json").write_text(json.dumps(spec))
         self.folder = folder

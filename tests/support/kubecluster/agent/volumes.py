@@ -143,6 +143,7 @@ class PodVolumes:
             return folder
         if any(source in volume for source in WRITER_SOURCES):
             write_atomic(folder, self._payload(volume), self.fs_group)
+            self._nested_mount_points(name, folder)
             return folder
         if "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]
@@ -152,6 +153,20 @@ class PodVolumes:
             return host_path(volume["hostPath"])
         kind = next((key for key in volume if key != "name"), "?")
         raise VolumeError(f"volume {name}: {kind} volumes are not supported by the test node agent")
+
+    def _nested_mount_points(self, name: str, folder: Path) -> None:
+        """kubelet's MakeNestedMountpoints: these volumes are mounted read-only, so a runtime could
+        not create the mount point of another volume mounted inside one (rlrun mounts its auth
+        Secret at /etc/rlrun/auth, inside the config ConfigMap at /etc/rlrun); kubelet creates
+        those folders in the volume when it sets it up."""
+        spec = self.pod["spec"]
+        for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
+            mounts = container.get("volumeMounts") or []
+            for own in (m["mountPath"].rstrip("/") for m in mounts if m["name"] == name):
+                for other in mounts:
+                    path = other["mountPath"].rstrip("/")
+                    if path.startswith(own + "/"):
+                        (folder / path[len(own) + 1 :]).mkdir(parents=True, exist_ok=True)
 
     def _payload(self, volume: dict[str, Any]) -> Payload:
         if "projected" in volume:
