@@ -66,7 +66,7 @@ class Cluster:
             workdir = Path(tempfile.mkdtemp(prefix="rlrun-kube-"))
             self._owned_workdir = True
         workdir.mkdir(parents=True, exist_ok=True)
-        # --- the node agent's hook (1/3): its pod network exists before the API server binds to it
+        # --- the node agent's hook (1/4): its pod network exists before the API server binds to it
         self.agent = NodeAgent(workdir) if self.options.agent else None
         bind_address = self.agent.create_network() if self.agent is not None else "127.0.0.1"
         self.control_plane = ControlPlane(
@@ -84,7 +84,7 @@ class Cluster:
                 self._start_kueue()
             names = [node["metadata"]["name"] for pool in self.options.pools for node in pool.nodes()]
             wait_for(lambda: self._nodes_ready(names), 90, "the kwok nodes to be Ready", kwok)
-            if self.agent is not None:  # the node agent's hook (2/3)
+            if self.agent is not None:  # the node agent's hook (2/4)
                 self.agent.start(self.control_plane, self.apply)
         except BaseException:
             self.stop()
@@ -207,9 +207,8 @@ class Cluster:
         return events
 
     def stop(self) -> None:
-        if self.agent is not None:  # the node agent's hook (3/3): its pods stop first
+        if self.agent is not None:  # the node agent's hook (3/4): its pods stop first
             self.agent.stop()
-            self.agent = None
         if self.provisioner is not None:
             self.provisioner.stop()
             self.provisioner = None
@@ -218,6 +217,8 @@ class Cluster:
         self.processes.clear()
         if getattr(self, "control_plane", None) is not None:
             self.control_plane.stop()
+        if self.agent is not None:  # the node agent's hook (4/4): the API server's address goes last
+            self.agent.delete_network()
             if self._owned_workdir and not os.environ.get("RLRUN_KEEP_CLUSTER_DIR"):
                 shutil.rmtree(self.workdir, ignore_errors=True)
 

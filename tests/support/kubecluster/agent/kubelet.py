@@ -213,7 +213,7 @@ class Agent:
             worker = self._workers.get(uid)
             if worker is None and kind != "DELETED" and not self.stopping.is_set():
                 worker = self._workers[uid] = PodWorker(self, pod)
-                worker.start()
+                worker.thread.start()
                 return
         if worker is None:
             return
@@ -262,7 +262,7 @@ class Agent:
         for worker in workers:
             worker.shutdown(SHUTDOWN_GRACE_S)
         for worker in workers:
-            worker.join()
+            worker.thread.join()
         if self.server is not None:
             self.server.stop()
         log.info("stopped")

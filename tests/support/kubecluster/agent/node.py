@@ -105,8 +105,8 @@ class NodeAgent:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
 
     def stop(self) -> None:
-        """Stops the agent (every pod with it), then CoreDNS, then deletes the bridge and the
-        pods' folders (the container logs stay, for the test's failure messages)."""
+        """Stops the agent (every pod with it), then CoreDNS, and deletes the pods' folders (the
+        container logs stay, for the test's failure messages)."""
         errors = []
         for process in reversed(self.processes):
             try:
@@ -114,12 +114,16 @@ class NodeAgent:
             except Exception as error:  # noqa: BLE001 - stop the rest, then report
                 errors.append(error)
         self.processes.clear()
-        if self.bridge is not None:
-            self.bridge.delete()
-            self.bridge = None
         shutil.rmtree(self.folder / "pods", ignore_errors=True)
         if errors:
             raise errors[0]
+
+    def delete_network(self) -> None:
+        """Deletes the bridge, once nothing listens on its address: without it, the address
+        would route off the machine."""
+        if self.bridge is not None:
+            self.bridge.delete()
+            self.bridge = None
 
     def describe_logs(self, namespace: str | None = None, lines: int = 30) -> str:
         """The tail of every container log (of `namespace`), for failure messages."""

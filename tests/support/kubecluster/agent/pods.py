@@ -2,9 +2,8 @@
 (network namespace and address), the volumes, the init containers in order, then the
 containers, restarted per restartPolicy with kubelet's back-off (CrashLoopBackOff), probed, and
 reported through the pods/status subresource (phase, conditions, container statuses). A
-deletionTimestamp stops the containers (SIGTERM to each container's process group, SIGKILL after
-the grace period), and the pod object is then deleted with gracePeriodSeconds=0, as kubelet
-does."""
+deletionTimestamp stops the containers (SIGTERM to each container's PID 1, SIGKILL after the grace
+period), and the pod object is then deleted with gracePeriodSeconds=0, as kubelet does."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import events
 from .env import ConfigError, container_env, expand
 from .images import Image, ImageError, resolve
 from .kube import ApiError
@@ -96,10 +96,11 @@ class Container:
         self.probing_after_startup = False
 
 
-class PodWorker(threading.Thread):
+class PodWorker:
     def __init__(self, agent: Agent, pod: dict[str, Any]):
         meta = pod["metadata"]
-        super().__init__(name=f"pod {meta['namespace']}/{meta['name']}", daemon=True)
+        self.name = f"pod {meta['namespace']}/{meta['name']}"
+        self.thread = threading.Thread(target=self.run, name=self.name, daemon=True)
         self.agent = agent
         self.pod = pod
         self.uid = meta["uid"]
@@ -151,6 +152,9 @@ class PodWorker(threading.Thread):
             self.log_folder / name / f"{attempt}.log",
             lambda: not previous and container.running and container.restarts == attempt,
         )
+
+    def _event(self, reason: str, message: str, warning: bool = False, container: str | None = None) -> None:
+        events.record(self.agent.kube, self.agent.config.node, self.pod, reason, message, warning, container)
 
     # --- the loop
 
@@ -300,7 +304,10 @@ class PodWorker(threading.Thread):
                 self.volumes.refresh()
                 self.volumes_refreshed = time.monotonic()
         except (VolumeError, ApiError) as error:
-            self.volume_error = f"MountVolume.SetUp failed: {error}"
+            message = f"MountVolume.SetUp failed: {error}"
+            if message != self.volume_error:
+                self._event("FailedMount", message, warning=True)
+            self.volume_error = message
             return False
         self.volume_error = None
         return True
@@ -339,6 +346,10 @@ class PodWorker(threading.Thread):
             container.backoff_s = 0.0
         if container.backoff_s and now - finished < container.backoff_s:
             meta = self.pod["metadata"]
+            if container.waiting[0] != "CrashLoopBackOff":
+                self._event(
+                    "BackOff", f"Back-off restarting failed container {container.name}", True, container.name
+                )
             container.waiting = (
                 "CrashLoopBackOff",
                 f"back-off {container.backoff_s:g}s restarting failed container={container.name} "
@@ -378,11 +389,11 @@ class PodWorker(threading.Thread):
     def _start(self, container: Container) -> None:
         try:
             launch, image = self._launch(container)
-        except ImageError as error:
-            container.waiting = ("ErrImagePull", str(error))
-            return
-        except ConfigError as error:
-            container.waiting = ("CreateContainerConfigError", str(error))
+        except (ImageError, ConfigError) as error:
+            reason = "ErrImagePull" if isinstance(error, ImageError) else "CreateContainerConfigError"
+            if container.waiting != (reason, str(error)):
+                self._event("Failed", f"Error: {error}", True, container.name)
+            container.waiting = (reason, str(error))
             return
         container.attempts += 1
         attempt = container.restarts
@@ -395,6 +406,10 @@ class PodWorker(threading.Thread):
         assert self.sandbox is not None
         container.previous, container.terminated = container.terminated, None
         container.run = Run(self.sandbox, launch, run_folder, log_path, self.agent.config.python)
+        if container.run.start_error:
+            self._event("Failed", f"Error: {container.run.start_error}", True, container.name)
+        else:
+            self._event("Started", f"Started container {container.name}", container=container.name)
         log.info("%s/%s: started %s (restart %d)", meta["namespace"], meta["name"], container.name, attempt)
         if "startupProbe" in container.spec:
             self._start_probers(container, (STARTUP,))
@@ -517,6 +532,14 @@ class PodWorker(threading.Thread):
             container.name,
             failed.kind,
             failed.message,
+        )
+        self._event(
+            "Unhealthy", f"{failed.kind.capitalize()} probe failed: {failed.message}", True, container.name
+        )
+        self._event(
+            "Killing",
+            f"Container {container.name} failed {failed.kind} probe, will be restarted",
+            container=container.name,
         )
         container.stop_probers()
         grace = failed.probe.get("terminationGracePeriodSeconds")
@@ -642,6 +665,10 @@ class PodWorker(threading.Thread):
         for container in self.containers:
             container.stop_probers()
         runs = [c.run for c in self.containers if c.run is not None]
+        if delete:
+            for container in self.containers:
+                if container.run is not None:
+                    self._event("Killing", f"Stopping container {container.name}", container=container.name)
         stoppers = [threading.Thread(target=run.stop, args=(grace_s,)) for run in runs]
         for stopper in stoppers:
             stopper.start()
@@ -656,10 +683,10 @@ class PodWorker(threading.Thread):
         if delete:
             self.terminal = True
             self._publish()
-            self._delete()
+            self._delete_pod()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _delete(self) -> None:
+    def _delete_pod(self) -> None:
         meta = self.pod["metadata"]
         body = {
             "apiVersion": "v1",

@@ -89,7 +89,7 @@ def _http(action: dict[str, Any], pod_ip: str, container: dict[str, Any], timeou
     return 200 <= status < 400, f"HTTP probe failed with statuscode: {status}"
 
 
-class Prober(threading.Thread):
+class Prober:
     """Probes one container until `stop()`. `result` starts as kubelet's does: readiness and
     startup failed (not ready, not started), liveness successful; it turns after
     successThreshold successes or failureThreshold failures in a row. A startup probe stops
@@ -103,7 +103,7 @@ class Prober(threading.Thread):
         changed: Callable[[], None],
         name: str,
     ):
-        super().__init__(name=name, daemon=True)
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
         self.kind = kind
         self.probe = probe
         self.target = target
@@ -113,6 +113,9 @@ class Prober(threading.Thread):
         self._stop_event = threading.Event()
         self._successes = 0
         self._failures = 0
+
+    def start(self) -> None:
+        self.thread.start()
 
     def stop(self) -> None:
         self._stop_event.set()

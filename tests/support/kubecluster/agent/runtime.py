@@ -4,8 +4,7 @@ namespaces, as the pause container does.
 
 A container is `nsenter` into the sandbox's namespaces, then rootfs.py, which unshares a mount and
 a PID namespace, builds the container's root and execs the command as PID 1 of the container's
-PID namespace. Killing the container's process group reaches every process of it that kept the
-group; the kernel kills the rest when PID 1 exits. The agent itself runs as a child of PID 1 of a
+PID namespace. Every process of the container dies with its PID 1. The agent itself runs as a child of PID 1 of a
 PID namespace of its own, so that whatever happens to it, nothing it started outlives it."""
 
 from __future__ import annotations
@@ -179,10 +178,18 @@ class Run:
             os.killpg(self.process.pid, sig)
 
     def stop(self, grace_s: float) -> None:
-        """SIGTERM to the container's process group, SIGKILL after `grace_s`."""
+        """SIGTERM to the container's PID 1, SIGKILL to all of it after `grace_s`, as a runtime
+        stops a container (`runc kill` signals the init process; its children are the program's
+        to stop, and the kernel kills whatever is left when PID 1 exits). A PID 1 without a
+        SIGTERM handler ignores the signal, as in a container, and is killed after the grace."""
         if self.exit_code() is not None:
             return
-        self.kill(signal.SIGTERM)
+        init = self.init_pid()
+        if init is None:
+            self.kill(signal.SIGTERM)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGTERM)
         try:
             self.process.wait(max(grace_s, 0))
         except subprocess.TimeoutExpired:
