@@ -98,14 +98,8 @@ def allow_runs_in(cluster, namespace: str) -> None:
     """What an admin does for a new team namespace: adds it to the chart's runNamespaces."""
     RUN_NAMESPACES.append(namespace)
     cluster.helm(
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        OPERATOR_NAMESPACE,
-        "--reuse-values",
-        "--set-json",
-        f"operator.runNamespaces={json.dumps(RUN_NAMESPACES)}",
+        "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
+        "--set-json", f"operator.runNamespaces={json.dumps(RUN_NAMESPACES)}",
     )
 
 
