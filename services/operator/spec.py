@@ -30,6 +30,7 @@ CONDITION_TYPES = (
     "InferenceReady",
     "EnvServersReady",
     "TrainerReady",
+    "Admitted",
     "Progressing",
     "Degraded",
     "Restarted",
