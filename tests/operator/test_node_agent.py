@@ -395,3 +395,113 @@ def _processes_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return [pid for pid in found if pid != os.getpid()]
+
+
+REPORT = """\
+import json, os, ssl, urllib.error, urllib.request
+report = {k: os.environ.get(k) for k in ("FROM_MAP_a", "MEMORY_MI", "POD_NAMESPACE", "HOME", "HOSTNAME")}
+report["sub"] = open("/etc/single/value.txt").read()
+report["labels"] = open("/etc/info/labels").read()
+report["user"] = [os.getuid(), os.getgid(), sorted(os.getgroups())]
+report["cwd"] = os.getcwd()
+# An in-cluster client: the projected ServiceAccount token, ca.crt and namespace, and the API
+# server at kubernetes.default.svc (as kopf's in-cluster login calls it).
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+namespace = open(f"{sa}/namespace").read()
+request = urllib.request.Request(
+    f"https://kubernetes.default.svc/api/v1/namespaces/{namespace}/pods",
+    headers={"Authorization": "Bearer " + open(f"{sa}/token").read()},
+)
+try:
+    urllib.request.urlopen(request, context=ssl.create_default_context(cafile=f"{sa}/ca.crt"), timeout=10)
+    report["api"] = 200
+except urllib.error.HTTPError as error:
+    report["api"] = error.code
+    report["api_message"] = json.loads(error.read())["message"]
+print(json.dumps(report), flush=True)
+"""
+
+
+def test_environment_volumes_and_identity_are_the_pods(cluster, namespace):
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "map"},
+        "data": {"a": "1", "value.txt": "sub-value"},
+    }
+    pod = python_pod(
+        "report",
+        REPORT,
+        restartPolicy="Never",
+        labels={"app": "env"},
+        securityContext={"runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 4000},
+        container={
+            "workingDir": "/srv/app",
+            "envFrom": [{"configMapRef": {"name": "map"}, "prefix": "FROM_MAP_"}],
+            "env": [
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {
+                    "name": "MEMORY_MI",
+                    "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}},
+                },
+            ],
+            "resources": {"limits": {"memory": "64Mi"}},
+            "volumeMounts": [
+                {"name": "map", "mountPath": "/etc/single/value.txt", "subPath": "value.txt"},
+                {"name": "info", "mountPath": "/etc/info"},
+            ],
+        },
+        volumes=[
+            {"name": "map", "configMap": {"name": "map"}},
+            {
+                "name": "info",
+                "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]},
+            },
+        ],
+    )
+    apply(cluster, namespace, config, pod)
+    done = wait_pod(cluster, namespace, "report", lambda p: phase(p) in ("Succeeded", "Failed"), "the end")
+    output = logs(cluster, namespace, "report")
+    assert phase(done) == "Succeeded", output
+    report = json.loads(output.splitlines()[-1])
+    assert (
+        report["FROM_MAP_a"] == "1" and report["MEMORY_MI"] == "64" and report["POD_NAMESPACE"] == namespace
+    )
+    assert report["HOSTNAME"] == "report" and report["HOME"] == "/"  # uid 2000 has no passwd entry
+    assert report["sub"] == "sub-value" and report["labels"] == 'app="env"\n'
+    assert report["user"] == [2000, 3000, [3000, 4000]] and report["cwd"] == "/srv/app"
+    # The token authenticated (403, not 401): the default ServiceAccount may not list pods.
+    assert report["api"] == 403 and f"system:serviceaccount:{namespace}:default" in report["api_message"], (
+        report
+    )
+
+
+LIVENESS = """\
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+open("/tmp/healthy", "w").close()
+time.sleep(6)
+os.remove("/tmp/healthy")
+time.sleep(3600)
+"""
+HEALTHY = ["python", "-c", "import os, sys; sys.exit(0 if os.path.exists('/tmp/healthy') else 1)"]
+
+
+def test_exec_probes_run_inside_the_container_and_a_failed_liveness_probe_restarts_it(cluster, namespace):
+    # /tmp/healthy exists only in the container's own root: the probes see it only from inside.
+    probe = {"exec": {"command": HEALTHY}, "periodSeconds": 1, "failureThreshold": 2}
+    pod = python_pod("live", LIVENESS, container={"startupProbe": probe, "livenessProbe": probe})
+    apply(cluster, namespace, pod)
+    started = wait_pod(
+        cluster, namespace, "live", lambda p: container_status(p).get("started") is True, "started"
+    )
+    assert container_status(started)["restartCount"] == 0
+    restarted = wait_pod(
+        cluster, namespace, "live", lambda p: container_status(p).get("restartCount", 0) >= 1, "a restart"
+    )
+    last = container_status(restarted)["lastState"]["terminated"]
+    assert last["exitCode"] == 0 and last["reason"] == "Completed"  # its SIGTERM handler exited 0
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=live")[
+        "items"
+    ]
+    assert any(e["reason"] == "Killing" and "failed liveness probe" in e["message"] for e in events), events

@@ -4,6 +4,7 @@ registers its Node; stopped in the reverse order, leaving nothing behind."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,30 @@ NODE_LABELS = {
     "rlrun.dev/test-pool": "agent",
 }
 SUPPORT = Path(__file__).resolve().parents[2]
+HOST_TOOLS = {
+    "ip": "iproute2",
+    "nsenter": "util-linux",
+    "unshare": "util-linux",
+    "hostname": "hostname",
+    "sleep": "coreutils",
+}
+"""The host's commands the agent runs, and the Debian package of each."""
+
+
+def check_host() -> None:
+    """Fails (never skips) when the agent cannot run here: it needs root (network and mount
+    namespaces, the bridge, port 443) and a few standard commands."""
+    if os.geteuid() != 0:
+        raise ClusterError("the node agent needs root: it creates network and mount namespaces and a bridge")
+    missing = sorted(
+        {
+            f"{name} (Debian package {package})"
+            for name, package in HOST_TOOLS.items()
+            if not shutil.which(name)
+        }
+    )
+    if missing:
+        raise ClusterError(f"the node agent needs {', '.join(missing)}: install it with apt-get")
 
 
 def venv_python(repo: Path = REPO) -> Path:
@@ -45,6 +70,7 @@ class NodeAgent:
 
     def create_network(self) -> str:
         """Creates the pod network; returns the address the API server must bind to."""
+        check_host()
         self.bridge = Bridge.create()
         return self.bridge.gateway
 
