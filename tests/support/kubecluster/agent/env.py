@@ -121,14 +121,7 @@ def container_env(
     envFrom first, then env in order, each value expanded against what precedes it."""
     env = dict(base)
     for source in container.get("envFrom") or []:
-        kind, ref = (
-            ("configmaps", source["configMapRef"])
-            if "configMapRef" in source
-            else (
-                "secrets",
-                source["secretRef"],
-            )
-        )
+        kind, ref = _reference(source, "configMapRef", "secretRef")
         data = _source_data(lookup, kind, ref["name"], bool(ref.get("optional")))
         prefix = source.get("prefix", "")
         for key, value in (data or {}).items():
@@ -158,14 +151,7 @@ def _value_from(
         named = ref.get("containerName") or container["name"]
         target = next(c for c in _all_containers(pod) if c["name"] == named)
         return resource_value(target, ref, allocatable)
-    kind, ref = (
-        ("secrets", source["secretKeyRef"])
-        if "secretKeyRef" in source
-        else (
-            "configmaps",
-            source["configMapKeyRef"],
-        )
-    )
+    kind, ref = _reference(source, "configMapKeyRef", "secretKeyRef")
     optional = bool(ref.get("optional"))
     data = _source_data(lookup, kind, ref["name"], optional)
     if data is None:
@@ -175,6 +161,11 @@ def _value_from(
             return None
         raise ConfigError(f"couldn't find key {ref['key']} in {kind[:-1]} {ref['name']}")
     return data[ref["key"]]
+
+
+def _reference(source: dict[str, Any], config_map: str, secret: str) -> tuple[str, dict[str, Any]]:
+    """("configmaps" or "secrets", the reference) of an envFrom or valueFrom source."""
+    return ("configmaps", source[config_map]) if config_map in source else ("secrets", source[secret])
 
 
 def _all_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:

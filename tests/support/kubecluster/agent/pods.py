@@ -35,8 +35,6 @@ log = logging.getLogger("kubecluster.agent")
 
 MIN_GRACE_S = 2
 """kubelet's floor for a deletion's grace period (a force deletion still gets it)."""
-READ_ONLY_SOURCES = WRITER_SOURCES
-"""kubelet mounts these read-only whatever the volumeMount says."""
 
 
 @dataclass
@@ -115,13 +113,13 @@ class PodWorker:
         self.volumes = PodVolumes(
             pod, self.folder / "volumes", agent.get_or_none, self._request_token, agent.allocatable
         )
-        self.volume_error: str | None = None
+        self.setup_error: str | None = None
         self.volumes_refreshed = 0.0
         self.start_time = now_iso()
         self.containers = [Container(c, True) for c in pod["spec"].get("initContainers") or []]
         self.containers += [Container(c, False) for c in pod["spec"]["containers"]]
         self.terminal = False
-        self.last_status: dict[str, Any] | None = None
+        self.last_status: str | None = None
         self.transitions: dict[str, tuple[str, str]] = {}
         self.images: dict[str, Image] = {}
 
@@ -229,7 +227,7 @@ class PodWorker:
                 self.veth = attach(self.agent.bridge, self.sandbox.pid, self.address)
         except Exception as error:  # noqa: BLE001 - reported on the pod, retried
             self._stop_sandbox()
-            self.volume_error = f"failed to create the pod sandbox: {error}"
+            self.setup_error = f"failed to create the pod sandbox: {error}"
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
         self._write_etc_files()
@@ -305,11 +303,11 @@ class PodWorker:
                 self.volumes_refreshed = time.monotonic()
         except (VolumeError, ApiError) as error:
             message = f"MountVolume.SetUp failed: {error}"
-            if message != self.volume_error:
+            if message != self.setup_error:
                 self._event("FailedMount", message, warning=True)
-            self.volume_error = message
+            self.setup_error = message
             return False
-        self.volume_error = None
+        self.setup_error = None
         return True
 
     def _request_token(self, account: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -406,6 +404,7 @@ class PodWorker:
         assert self.sandbox is not None
         container.previous, container.terminated = container.terminated, None
         container.run = Run(self.sandbox, launch, run_folder, log_path, self.agent.config.python)
+        container.waiting = ("ContainerCreating", "")
         if container.run.start_error:
             self._event("Failed", f"Error: {container.run.start_error}", True, container.name)
         else:
@@ -416,6 +415,10 @@ class PodWorker:
 
     def _launch(self, container: Container) -> tuple[Launch, Image]:
         spec = container.spec
+        if container.init and spec.get("restartPolicy") == "Always":
+            raise ConfigError(
+                "restartable init containers (sidecars) are not supported by the test node agent"
+            )
         image = self.images.get(spec["image"]) or resolve(spec["image"], self.agent.repo)
         self.images[spec["image"]] = image
         env = dict(image.env)
@@ -491,7 +494,7 @@ class PodWorker:
             read_only = (
                 bool(mount.get("readOnly"))
                 or self.volumes.read_only.get(mount["name"], False)
-                or any(kind in volume for kind in READ_ONLY_SOURCES)
+                or any(kind in volume for kind in WRITER_SOURCES)  # kubelet mounts these read-only
             )
             own.append({"source": str(source), "target": mount["mountPath"], "readOnly": read_only})
         # Parents before children, as runtimes sort mounts.
@@ -583,8 +586,8 @@ class PodWorker:
         if self.address is not None:
             status["podIP"] = self.address
             status["podIPs"] = [{"ip": self.address}]
-        if self.volume_error and phase == "Pending":
-            status["message"] = self.volume_error
+        if self.setup_error and phase == "Pending":
+            status["message"] = self.setup_error
         return status
 
     def _container_status(self, container: Container) -> dict[str, Any]:
@@ -596,8 +599,8 @@ class PodWorker:
             state = {"terminated": container.terminated}
         else:
             reason, message = container.waiting
-            if reason == "ContainerCreating" and self.volume_error:
-                message = self.volume_error
+            if reason == "ContainerCreating" and self.setup_error:
+                message = self.setup_error
             state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
             last = container.terminated
         status: dict[str, Any] = {
