@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -58,10 +59,16 @@ class Sandbox:
         deadline = time.monotonic() + 10
         while _comm(self.process.pid) != "sleep":
             if self.process.poll() is not None or time.monotonic() > deadline:
-                error = self.process.stderr.read().decode() if self.process.stderr else ""
-                self.stop()
-                raise RuntimeError(f"the pod sandbox did not start: {error.strip()}")
+                self.stop()  # first: the pipe below reaches its end only once the process is gone
+                assert self.process.stderr is not None
+                error = (
+                    self.process.stderr.read().decode(errors="replace").strip() or "no exec of sleep in 10s"
+                )
+                self.process.stderr.close()
+                raise RuntimeError(f"the pod sandbox did not start: {error}")
             time.sleep(0.01)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
 
     @property
     def pid(self) -> int | None:
@@ -212,7 +219,18 @@ class Run:
         if pid is None:
             return -1
         launch = self.launch
-        argv = ["nsenter", f"--target={pid}", "--mount", "--pid", "--uts", "--ipc", "--net", "--root", "--wd"]
+        # nsenter by its path: `env` is the container's, whose PATH need not lead to it.
+        argv = [
+            shutil.which("nsenter", path=TOOLS_PATH) or "nsenter",
+            f"--target={pid}",
+            "--mount",
+            "--pid",
+            "--uts",
+            "--ipc",
+            "--net",
+            "--root",
+            "--wd",
+        ]
         argv += [f"--setuid={launch.uid}", f"--setgid={launch.gid}", "--", *command]
         process = subprocess.Popen(
             argv,
