@@ -217,8 +217,8 @@ class Cluster:
         self.processes.clear()
         if getattr(self, "control_plane", None) is not None:
             self.control_plane.stop()
-        if self.agent is not None:  # the node agent's hook (4/4): the API server's address goes last
-            self.agent.delete_network()
+            if self.agent is not None:  # the node agent's hook (4/4): the API server's address goes last
+                self.agent.delete_network()
             if self._owned_workdir and not os.environ.get("RLRUN_KEEP_CLUSTER_DIR"):
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
