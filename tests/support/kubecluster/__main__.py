@@ -16,10 +16,6 @@ from .cluster import Cluster, ClusterOptions
 from .kwok import GPU_POOL
 from .processes import REPO, TOOLS, ClusterError
 
-CHART = REPO / "charts" / "rlrun"
-RELEASE = "rlrun"
-OPERATOR_NAMESPACE = "rlrun-system"
-
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m kubecluster", description=__doc__.split("\n\n")[0])
@@ -43,16 +39,7 @@ def up(args: argparse.Namespace, stop: threading.Event, started: threading.Event
         cluster.start()
         if not args.no_chart:
             print("installing the chart (the operator runs as a pod on the agent's node) ...", flush=True)
-            cluster.helm(
-                "install",
-                RELEASE,
-                str(CHART),
-                "--namespace",
-                OPERATOR_NAMESPACE,
-                "--create-namespace",
-                "--wait",
-                "--timeout=300s",
-            )
+            cluster.install_chart()
         print(
             f"\nThe cluster is up ({cluster.start_s:.0f}s); its files are in {cluster.workdir}\n"
             f"  API server: {cluster.server}\n"

@@ -23,7 +23,7 @@ from .agent import HTTPS_PORT, NodeAgent
 from .controlplane import ControlPlane
 from .kueue import Kueue
 from .kwok import CPU_POOL, GPU_POOL, NodePool, start_kwok
-from .processes import ClusterError, Process, tool, wait_for
+from .processes import REPO, ClusterError, Process, tool, wait_for
 from .provisioner import Provisioner, storage_class
 
 
@@ -173,6 +173,22 @@ class Cluster:
         if check and result.returncode != 0:
             raise ClusterError(f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
+
+    def install_chart(self, *values: str, release: str = "rlrun", namespace: str = "rlrun-system") -> None:
+        """`helm install` of the repository's chart, as a user installs it (`values`: extra
+        helm arguments, e.g. --set)."""
+        chart = REPO / "charts" / "rlrun"
+        self.helm(
+            "install",
+            release,
+            str(chart),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--wait",
+            "--timeout=300s",
+            *values,
+        )
 
     def apply(self, objects: list[dict[str, Any]], manager: str = "rlrun-test") -> None:
         """Server-side apply of `objects` as the admin."""
