@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from rlrun.common.errors import did_you_mean
 from rlrun.env_server.environment import Environment
 from rlrun.env_server.harnesses.registry import make_harness
 
@@ -34,24 +35,41 @@ def resolve(env_id: str) -> type[Environment]:
     module_name, sep, attr = path.partition(":")
     if not sep:
         raise ValueError(
-            f"unknown environment {env_id!r}; built-in ids are {sorted(BUILTIN)}, "
-            "or give an import path `package.module:Class`"
+            f"unknown environment {env_id!r}{did_you_mean(env_id, BUILTIN)}; built-in ids are "
+            f"{sorted(BUILTIN)}, or give an import path `package.module:Class` (docs/environments.md)"
         )
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"environment {env_id!r}: cannot import {path}: {error}") from None
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"environment {env_id!r}: cannot import {module_name}: {error}; is the folder that holds "
+            "it on PYTHONPATH? (`rlrun local` passes PYTHONPATH on to every service)"
+        ) from None
+    try:
+        cls = getattr(module, attr)
+    except AttributeError:
+        names = [n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Environment)]
+        raise ValueError(
+            f"environment {env_id!r}: module {module_name} has no {attr!r}{did_you_mean(attr, names)}"
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ValueError(f"environment {env_id!r}: {path} is not an Environment subclass")
     return cls
+
+
+def env_args(env_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the env's class is built with: the entry's `args` (and, for a
+    verifiers env, its taskset id as `env_name`)."""
+    if env_id.startswith(VERIFIERS):
+        return {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    return dict(args)
 
 
 def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None = None) -> Environment:
     """Builds the environment with the entry's `args` as keyword arguments; with `harness`
     (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
     cls = resolve(env_id)
-    if env_id.startswith(VERIFIERS):
-        args = {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    args = env_args(env_id, args)
     try:
         env = cls(**args)
     except TypeError as error:
