@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.config.env import EnvConfig, check_external_envs
 from rlrun.common.config.orchestrator import OrchestratorConfig
 from rlrun.common.errors import describe_validation_error, did_you_mean
+from rlrun.common.ports import why_unbindable
 
 SERVICES = frozenset({"inference", "env-server", "orchestrator", "trainer"})
 PROMPT_CHECK_TASKS = 5000
@@ -197,19 +197,8 @@ def _check_device(key: str, device: str) -> None:
         raise ConfigError(key, f"device {device!r} is not available here")
 
 
-def port_taken(host: str, port: int) -> str | None:
-    """Why `host:port` cannot be bound now (e.g. `address already in use`), or None."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            return (error.strerror or str(error)).lower()
-    return None
-
-
 def check_port(key: str, host: str, port: int) -> None:
-    problem = port_taken(host, port)
+    problem = why_unbindable(host, port)
     if problem is not None:
         raise ConfigError(
             key,
@@ -222,7 +211,10 @@ def _ports(config: RunConfig, services: frozenset[str]) -> Iterator[Callable[[],
     if "inference" in services and config.inference.http_port:
         yield lambda: check_port("inference.http_port", "127.0.0.1", config.inference.http_port)  # type: ignore[arg-type]
     broadcast = config.trainer.broadcast
-    if "trainer" in services and broadcast.nccl_port and broadcast.transport in ("nccl", "auto"):
+    nccl = broadcast.transport == "nccl" or (
+        broadcast.transport == "auto" and config.trainer.device.startswith("cuda")
+    )
+    if "trainer" in services and broadcast.nccl_port and nccl:
         yield lambda: check_port("trainer.broadcast.nccl_port", "127.0.0.1", broadcast.nccl_port)
 
 

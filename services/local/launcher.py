@@ -371,6 +371,10 @@ def run_local(
             bar.close()
             print(f"rlrun local: {error}", file=sys.stderr)
             return 1
+        except TimeoutError as error:  # the orchestrator never became healthy
+            bar.close()
+            print(f"rlrun local: {error}; its log: {run.log_dir / 'orchestrator.log'}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             bar.close()
             if not address:
