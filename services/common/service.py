@@ -124,7 +124,9 @@ def _start_metrics(args: argparse.Namespace) -> int:
         return start_metrics_server(args.metrics_port, args.host)
     except OSError as error:
         reason = (error.strerror or str(error)).lower()
-        raise cannot_bind("the metrics endpoint", args.host, args.metrics_port, "--metrics-port", reason) from None
+        raise cannot_bind(
+            "the metrics endpoint", args.host, args.metrics_port, "--metrics-port", reason
+        ) from None
 
 
 async def _serve(

@@ -361,7 +361,7 @@ def run_local(
     if resuming:
         print(f"rlrun local: {resuming}", file=sys.stderr)
 
-    bar = RunProgress(config, enabled=progress)
+    bar = RunProgress(config, enabled=progress, log=run.log_dir / "orchestrator.log")
     address = ""
     with interrupts_raise():
         try:

@@ -26,7 +26,7 @@ from rlrun.orchestrator.plan import (
     sampling_params,
     trained_members,
 )
-from rlrun.orchestrator.rollouts import EnvRollouts
+from rlrun.orchestrator.rollouts import EnvRollouts, FailureSink
 from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.state import OrchestratorState
 from rlrun.orchestrator.step import RunFailed
@@ -169,8 +169,13 @@ class RunContext:
 
     @classmethod
     def build(
-        cls, config: RunConfig, connections: Connections, descriptions: dict[str, EnvDescription]
+        cls,
+        config: RunConfig,
+        connections: Connections,
+        descriptions: dict[str, EnvDescription],
+        failures: FailureSink | None = None,
     ) -> RunContext:
+        """`failures` hears of every failing rollout of every phase (the run's status)."""
         orch = config.orchestrator
         check_members(config, descriptions)
         plans = compile_plans(config)
@@ -240,6 +245,7 @@ class RunContext:
                     trained_members=trained_members(plan, orch.multi_agent.drop_judge),
                     temperatures=member_temperatures(plan),
                     learner_seat_only=orch.multi_agent.filter_by_learner_seat,
+                    failures=failures,
                 )
                 for key, plan in phase_plans.items()
             }

@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from rlrun.common.config.inference import InferenceConfig
-from rlrun.inference.http_server import HttpServer, http_security
 from rlrun.common.ports import listen_socket
+from rlrun.inference.http_server import HttpServer, http_security
 
 KEY = "sk-run-7f3a9c"
 
