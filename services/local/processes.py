@@ -4,6 +4,7 @@ limit), and shut everything down so that no process is ever left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
@@ -21,10 +22,8 @@ READY = re.compile(r"^rlrun (?P<service>[\w-]+) listening on (?P<host>[^\s:]+|\[
 
 def _kill_group(process: subprocess.Popen) -> None:
     """SIGKILL to the child's process group (it leads one), then reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()
 
 

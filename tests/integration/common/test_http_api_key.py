@@ -100,6 +100,8 @@ async def test_https_with_the_key(serve, pki):
 def test_an_unpaired_certificate_or_blank_key_is_refused(pki):
     with pytest.raises(ValueError, match="inference.http_tls_cert and inference.http_tls_key"):
         InferenceConfig.model_validate({"http_tls_cert": str(pki.server_cert)})
-    with listen_socket("127.0.0.1", 0, "the test app", "the test") as listener:
-        with pytest.raises(ValueError, match="blank"):
-            HttpServer(_app(), listener, api_key="  ")
+    with (
+        listen_socket("127.0.0.1", 0, "the test app", "the test") as listener,
+        pytest.raises(ValueError, match="blank"),
+    ):
+        HttpServer(_app(), listener, api_key="  ")
