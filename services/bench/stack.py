@@ -21,10 +21,10 @@ from rlrun.common.model.weights import broadcast_tensors
 from rlrun.common.service import limit_threads
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.common.types import Channel, SamplingParams, TrainingBatch, TrainingSample
-from rlrun.env_server.registry import make_env
-from rlrun.env_server.scoring import similarity
+from rlrun.env_server.envs.registry import make_env
+from rlrun.env_server.sdk.scoring import similarity
 from rlrun.inference.engines.torch_engine import create_engine
-from rlrun.orchestrator.algorithms.grpo import group_advantages
+from rlrun.orchestrator.credit.algorithms.grpo import group_advantages
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 

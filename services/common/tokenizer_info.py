@@ -2,7 +2,7 @@
 that two tokenizers share only when they give the same ids for the same conversation, the
 vocabulary size and the chat format's end-of-message tokens. Inference reports the one it
 serves; an env-server that renders ids itself declares the one it uses; the orchestrator
-refuses to start when they differ (rlrun.orchestrator.connections)."""
+refuses to start when they differ (rlrun.orchestrator.run.connections)."""
 
 from __future__ import annotations
 

@@ -11,24 +11,29 @@ tools and users) and a scorer. Write one by subclassing `Environment`:
         def score(self, task: Task, episode: Episode) -> Score:
             return Score.of("correct", exact_match(episode.answer, task.data["answer"]))
 
-and name it in the run config as a built-in id (rlrun.env_server.registry) or as an import
+and name it in the run config as a built-in id (rlrun.env_server.envs.registry) or as an import
 path `package.module:MyEnv`. A multi-agent env sets `members`, drives MultiAgentEpisodes with
-a TurnHarness and scores with MemberScores (see rlrun.env_server.multi_agent and the debate env).
+a TurnHarness and scores with MemberScores (see rlrun.env_server.sdk.multi_agent and the debate env).
 """
 
-from rlrun.env_server.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
-from rlrun.env_server.completion import Completion
-from rlrun.env_server.conversation import Conversation
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import POLICY, Episode, generate_group
-from rlrun.env_server.errors import InvalidModelOutput, ModelCallError, ToolError
-from rlrun.env_server.harness import Harness
-from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness, TurnHarness
-from rlrun.env_server.models import Model
-from rlrun.env_server.multi_agent import MultiAgentEpisode, PublicMessage, Slot
-from rlrun.env_server.scoring import exact_match, levenshtein, similarity
-from rlrun.env_server.task import Example, MemberScores, Score, Task
-from rlrun.env_server.taskset import EVAL, TRAIN, GeneratedTaskset, Taskset
+from rlrun.env_server.sdk.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
+from rlrun.env_server.sdk.completion import Completion
+from rlrun.env_server.sdk.conversation import Conversation
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import POLICY, Episode, generate_group
+from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError, ToolError
+from rlrun.env_server.sdk.harness import Harness
+from rlrun.env_server.sdk.harnesses import (
+    MultiTurnHarness,
+    SingleTurnHarness,
+    ToolCallingHarness,
+    TurnHarness,
+)
+from rlrun.env_server.sdk.models import Model
+from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode, PublicMessage, Slot
+from rlrun.env_server.sdk.scoring import exact_match, levenshtein, similarity
+from rlrun.env_server.sdk.task import Example, MemberScores, Score, Task
+from rlrun.env_server.sdk.taskset import EVAL, TRAIN, GeneratedTaskset, Taskset
 
 __all__ = [
     "EVAL",

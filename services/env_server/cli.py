@@ -58,8 +58,8 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
 
     from rlrun.common.grpc_client import ClientOptions
     from rlrun.common.service import ServiceContext, serve_main
-    from rlrun.env_server.host import EnvHost
-    from rlrun.env_server.servicer import SERVICE_NAME, EnvServicer
+    from rlrun.env_server.server.host import EnvHost
+    from rlrun.env_server.server.servicer import SERVICE_NAME, EnvServicer
     from rlrun.v1 import env_pb2_grpc
 
     try:

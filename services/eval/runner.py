@@ -35,18 +35,18 @@ from rlrun.common.types import GenerationPlan, TaskRef
 from rlrun.common.wire import plan_to_proto
 from rlrun.local.launcher import child_env, interrupts_raise, set_option
 from rlrun.local.processes import ChildFailed, ProcessGroup
-from rlrun.orchestrator.connections import wait_for_env_server
-from rlrun.orchestrator.env_client import EnvClient
-from rlrun.orchestrator.evaluation import eval_tasks, result_rows, summarize
-from rlrun.orchestrator.group import RolloutGroup
-from rlrun.orchestrator.plan import (
+from rlrun.orchestrator.collect.env_client import EnvClient
+from rlrun.orchestrator.collect.evaluation import eval_tasks, result_rows, summarize
+from rlrun.orchestrator.collect.group import RolloutGroup
+from rlrun.orchestrator.collect.rollouts import EnvRollouts, GroupFailure, run_group
+from rlrun.orchestrator.run.connections import wait_for_env_server
+from rlrun.orchestrator.run.plan import (
     compile_plan,
     member_temperatures,
     sampling_params,
     trained_members,
     with_chat_format,
 )
-from rlrun.orchestrator.rollouts import EnvRollouts, GroupFailure, run_group
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, plan_pb2
 
 RESULTS = "results.jsonl"

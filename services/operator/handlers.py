@@ -28,11 +28,12 @@ from typing import Any
 
 import kopf
 
+from rlrun.operator import kueue
 from rlrun.operator.auth import run_credentials
 from rlrun.operator.config import Cluster, auth_secret_name
 from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
 from rlrun.operator.metrics import OperatorMetrics
-from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state
+from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state, pod_group_name
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
 from rlrun.operator.status import (
     TERMINAL,
@@ -184,6 +185,24 @@ def _pods(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> lis
     return [state for state in (pod_state(pod, events) for pod in pods) if state is not None]
 
 
+def _admission(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -> kueue.Admission | None:
+    """Kueue's word on a queued run's pod group (None for a run without spec.queueName)."""
+    if not (run["spec"] or {}).get("queueName"):
+        return None
+    meta = run["metadata"]
+    group = pod_group_name(Cluster(meta["name"], meta["namespace"]))
+    kube = runtime.kube
+    try:
+        workload = kube.get(*kueue.WORKLOAD_API, meta["namespace"], group)
+        pods = kube.list("v1", "Pod", meta["namespace"], {kueue.GROUP_NAME_LABEL: group})
+    except KubeError as error:
+        # Without Kueue's CRD the Workload kind does not exist (404 is None above): only a real
+        # failure lands here, and the inference replicas stay held until the next pass.
+        logger.warning("cannot read the run's Kueue Workload: %s", error)
+        return kueue.Admission(False, "WorkloadUnknown", str(error))
+    return kueue.admission(workload, pods)
+
+
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
     kube = runtime.kube
     meta = run["metadata"]
@@ -206,16 +225,19 @@ async def _sync(
     run = _plain(body)
     meta, previous = run["metadata"], run["status"]
     finished = is_finished(previous)
-    state = desired_state(run, options.defaults, finished=finished)
+    admission = await asyncio.to_thread(_admission, runtime, run, logger) if not finished else None
+    admitted = admission is None or admission.admitted
+    state = desired_state(run, options.defaults, finished=finished, gang_admitted=admitted)
     report = poll_error = None
     polled = False
     if poll and state.error is None and not finished and not state.spec.suspend:
         polled = True
         report, poll_error = await _report(runtime, run, state.spec)
         if report is not None and report.run_phase in TERMINAL:
-            state = desired_state(run, options.defaults, finished=True)
+            state = desired_state(run, options.defaults, finished=True, gang_admitted=admitted)
 
     live: dict = {}
+    failed: list[str] = []
     if state.error is None:
         try:
             result = await asyncio.to_thread(_apply, runtime, run, state.objects)
@@ -235,6 +257,7 @@ async def _sync(
                 if items
             )
             kopf.event(body, type="Normal", reason="Reconciled", message=summary[:1000])
+        failed = result.failed
         for failure in result.failed:
             kopf.event(body, type="Warning", reason="ApplyFailed", message=failure[:1000])
         if result.failed:
@@ -255,6 +278,8 @@ async def _sync(
         report=report,
         poll_error=poll_error,
         pods=pods,
+        admission=admission,
+        apply_errors=failed,
     )
     new = build_status(previous, observation)
     options.metrics.set_phase(meta["namespace"], meta["name"], new["phase"])

@@ -41,6 +41,7 @@ PLURALS = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("rlrun.dev/v1alpha1", "RLRun"): "rlruns",
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
 }
 
 

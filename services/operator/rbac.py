@@ -1,6 +1,11 @@
-"""The Kubernetes permissions the operator uses, and why. The Helm chart's ClusterRole/Role
-(`charts/rlrun/templates/_helpers.tpl`, `rlrun.rules`) grants exactly these; a chart test
-compares them. No wildcards."""
+"""The Kubernetes permissions the operator uses, and why. The Helm chart grants exactly these
+(`charts/rlrun/templates/_helpers.tpl`: `rlrun.rules` and `rlrun.secretRules`); a chart test
+compares them, and tests/operator/test_rbac.py checks them against the requests the operator
+makes to a real API server (its audit log). No wildcards.
+
+Secrets are granted apart: only in the namespaces where runs may run (`operator.runNamespaces`,
+or the watched namespaces), never cluster-wide, so that the operator cannot touch the Secrets of
+the rest of the cluster even when it watches every namespace."""
 
 from __future__ import annotations
 
@@ -19,15 +24,21 @@ REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apps", "deployments", ("get", "list", "create", "patch", "delete")),
     ("policy", "poddisruptionbudgets", ("get", "list", "create", "patch", "delete")),
     ("networking.k8s.io", "networkpolicies", ("get", "list", "create", "patch", "delete")),
-    # Each run's Secret `<run>-auth`, written blind (apply creates or patches it) and deleted by
-    # name: no get, list or watch, so the operator reads no Secret (rlrun.operator.auth).
-    ("", "secrets", ("create", "patch", "delete")),
     # Read only: the status counts the restarts of the run's pods and says why one does not
     # run (one list per sync).
     ("", "pods", ("list",)),
     # Kubernetes Events on phase and condition transitions (create); a Pending pod's Events
     # say why it does not start (list, read only).
     ("", "events", ("create", "list")),
+    # Read only: a queued run's Kueue Workload (named after its pod group) says whether Kueue
+    # admitted the gang, which the inference replicas wait for (rlrun.operator.kueue).
+    ("kueue.x-k8s.io", "workloads", ("get",)),
+]
+
+SECRET_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    # Each run's Secret `<run>-auth`, written blind (apply creates or patches it) and deleted by
+    # name: no get, list or watch, so the operator reads no Secret (rlrun.operator.auth).
+    ("", "secrets", ("create", "patch", "delete")),
 ]
 
 

@@ -24,8 +24,9 @@ Each pod template carries the hash of the parts of the run file its component re
 (`CONFIG_READS`), so a change elsewhere (scaling inference rewrites `inference.addresses`)
 does not restart it.
 
-With `spec.queueName`, every pod of the run is one Kueue pod group, admitted all or nothing
-(rlrun.operator.kueue).
+With `spec.queueName`, the pods whose count the run fixes are one Kueue pod group, admitted all
+or nothing, and the inference replicas (the part a run scales) are held at zero until it is
+admitted, each then a Kueue Workload of its own (rlrun.operator.kueue).
 
 Every object carries the owner reference to the RLRun and `app.kubernetes.io/*` labels. With
 `suspend: true`, or once the run has finished, the workloads are left out (their pods go away),
@@ -76,7 +77,7 @@ from rlrun.operator.builder import (
 )
 from rlrun.operator.components import COMPONENTS
 from rlrun.operator.config import Cluster, render_config
-from rlrun.operator.kueue import admit_as_gang
+from rlrun.operator import kueue
 from rlrun.operator.spec import DNS_LABEL, MAX_RUN_NAME, SpecError, parse_spec
 
 __all__ = [
@@ -123,10 +124,12 @@ def _check_name(run: dict[str, Any]) -> None:
 
 
 def desired_state(
-    run: dict[str, Any], defaults: Defaults = Defaults(), finished: bool = False
+    run: dict[str, Any], defaults: Defaults = Defaults(), finished: bool = False, gang_admitted: bool = True
 ) -> DesiredState:
     """The objects an RLRun should own. `finished` (the run succeeded or failed) drops the
-    workloads as `suspend` does. An unusable spec or config yields `error` and no objects."""
+    workloads as `suspend` does. `gang_admitted` (for a run with spec.queueName) is whether
+    Kueue admitted its pod group: until then the inference replicas are held at zero. An
+    unusable spec or config yields `error` and no objects."""
     state = DesiredState()
     try:
         _check_name(run)
@@ -148,7 +151,16 @@ def desired_state(
     for component in COMPONENTS:
         component(builder, state, with_workloads)
     if spec.queue_name and with_workloads:
-        admit_as_gang(state.objects, spec.queue_name, pod_group_name(builder.cluster))
+        sets = kueue.pod_sets(state.objects)
+        if sets > kueue.MAX_POD_SETS:
+            state.error = SpecError(
+                "spec.queueName",
+                f"the run's pods have {sets} different shapes (requests, ports, placement) outside "
+                f"inference, and Kueue admits a pod group of at most {kueue.MAX_POD_SETS}: give "
+                "env-servers or model servers the same resources and placement, or run without a queue",
+            )
+            return DesiredState(error=state.error)
+        kueue.queue_for_kueue(state.objects, spec.queue_name, pod_group_name(builder.cluster), gang_admitted)
     return state
 
 

@@ -3,7 +3,8 @@
 Inputs are the previous status, the readiness of the run's workloads, the container restarts
 of its pods and (when polled) the orchestrator's `GetStatus` answer. Output is the whole new
 status: `phase` (Pending, Running, Succeeded, Failed, Suspended), the conditions ConfigValid,
-InferenceReady, EnvServersReady, TrainerReady, Progressing, Degraded and Restarted,
+InferenceReady, EnvServersReady, TrainerReady, Admitted (queued runs: Kueue's admission of the
+run's pod group), Progressing, Degraded and Restarted,
 `observedGeneration`, step, policy version, rewards, `lastError` and `restarts` per component.
 A run becomes finished (`completionTime` set) only when the orchestrator reports it succeeded
 or failed; that is sticky, and it is what frees the GPUs and starts `ttlSecondsAfterFinished`.
@@ -263,6 +264,10 @@ class Observation:
     poll_error: str | None = None
     pods: list[PodState] | None = None
     """The run's pods (None: not observed this time, so the previous restarts are kept)."""
+    admission: Admission | None = None
+    """Kueue's admission of a queued run's pod group (None: the run has no spec.queueName)."""
+    apply_errors: list[str] = field(default_factory=list)
+    """The run's objects the API server refused this time ("Kind/name: message")."""
 
 
 def is_finished(status: dict[str, Any] | None) -> bool:
@@ -415,9 +420,24 @@ def _progressing_condition(
     return ("Progressing", True, "StepAdvancing", message)
 
 
+SECRET_HINT = (
+    " (the operator may write Secrets only in the namespaces of the chart's operator.runNamespaces:"
+    " add this namespace there)"
+)
+
+
+def _apply_failure(errors: list[str]) -> str:
+    message = "; ".join(errors)
+    if any(e.startswith("Secret/") and "forbidden" in e for e in errors):
+        message += SECRET_HINT
+    return message
+
+
 def _degraded_condition(
     status: dict[str, Any], phase: str, obs: Observation, not_ready: list[tuple[str, str]]
 ) -> tuple[str, bool, str, str]:
+    if obs.apply_errors:
+        return ("Degraded", True, "ApplyFailed", _apply_failure(obs.apply_errors))
     if phase == "Running" and obs.polled and obs.report is None:
         return (
             "Degraded",
@@ -446,6 +466,8 @@ def _message(status: dict[str, Any], phase: str, obs: Observation) -> str:
         return status.get("lastError") or f"run {phase.lower()} at step {status.get('step')}"
     if phase == "Running":
         return f"step {status.get('step')}/{status.get('maxSteps')}"
+    if obs.admission is not None and not obs.admission.admitted:
+        return f"waiting for Kueue to admit the run: {obs.admission.message}"
     return "waiting for the services to start"
 
 
@@ -468,6 +490,8 @@ def build_status(previous: dict[str, Any] | None, obs: Observation) -> dict[str,
         found.append(condition)
         if not condition[1]:  # only counted while Running, when nothing else makes it False
             not_ready.append((kind.removesuffix("Ready"), condition[2]))
+    if obs.admission is not None and not (finished or obs.suspended or obs.error):
+        found.append(("Admitted", obs.admission.admitted, obs.admission.reason, obs.admission.message))
     found.append(_progressing_condition(status, phase, obs.now))
     found.append(_degraded_condition(status, phase, obs, not_ready))
     before = {c["type"]: c for c in previous.get("conditions") or []}

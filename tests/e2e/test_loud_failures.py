@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_MODULE = textwrap.dedent(
     """
     from rlrun.env_server.envs.reverse_text import ReverseText
-    from rlrun.env_server.task import Score
+    from rlrun.env_server import Score
 
 
     class Broken(ReverseText):

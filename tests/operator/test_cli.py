@@ -1,11 +1,10 @@
 """`rlrun operator` as a real process: kubeconfig login, the default API client, the liveness
-endpoint, a reconcile against the API emulator, its /metrics scraped by a real Prometheus, then
-a clean stop on SIGTERM."""
+endpoint, a reconcile against the real API server as the chart's ServiceAccount, its /metrics
+scraped by a real Prometheus, then a clean stop on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 import signal
 import socket
@@ -16,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .conftest import load_sample
+
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = yaml.safe_load((REPO / "configs" / "k8s" / "rlrun.yaml").read_text())
 
 
 def free_port() -> int:
@@ -31,27 +31,15 @@ def healthz(port: int) -> int:
         return response.status
 
 
-async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
+async def test_rlrun_operator_process(namespace, kube, operator_kubeconfig, tmp_path, eventually):
+    """The operator as its pod runs it: a kubeconfig with the chart's ServiceAccount token."""
     rlrun = Path(sys.executable).with_name("rlrun")
     if not rlrun.exists():
         pytest.fail(f"no rlrun console script at {rlrun}: run `make setup` (pip install -e installs it)")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "kmock", "cluster": {"server": str(k8s.url).rstrip("/")}}],
-                "users": [{"name": "kmock", "user": {"token": "test"}}],
-                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-                "current-context": "kmock",
-            }
-        )
-    )
     port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
-        "KUBECONFIG": str(kubeconfig),
+        "KUBECONFIG": str(operator_kubeconfig),
         "RLRUN_STATUS_INTERVAL": "0.5",
         "RLRUN_IMAGE_TRAINER": "example.com/t:1",
     }
@@ -60,7 +48,7 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
         str(rlrun),
         "operator",
         "--namespace",
-        "default",
+        namespace,
         f"--liveness-port={port}",
         f"--metrics-port={metrics_port}",
         env=env,
@@ -69,16 +57,16 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
     )
     try:
         await eventually(lambda: healthz(port) == 200, timeout=30, message="liveness endpoint answers")
-        await asyncio.to_thread(kube.create, copy.deepcopy(SAMPLE))
+        await asyncio.to_thread(kube.create, load_sample(namespace=namespace))
         trainer = await eventually(
-            lambda: kube.get("apps/v1", "StatefulSet", "default", "reverse-text-trainer"),
+            lambda: kube.get("apps/v1", "StatefulSet", namespace, "reverse-text-trainer"),
             timeout=20,
             message="trainer",
         )
         assert trainer["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/t:1"
         run = await eventually(
             lambda: (
-                (r := kube.get("rlrun.dev/v1alpha1", "RLRun", "default", "reverse-text"))
+                (r := kube.get("rlrun.dev/v1alpha1", "RLRun", namespace, "reverse-text"))
                 and r.get("status", {}).get("phase") == "Pending"
                 and r
             ),
@@ -87,7 +75,7 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
         )
         degraded = {c["type"]: c for c in run["status"]["conditions"]}
         assert degraded["ConfigValid"]["status"] == "True"
-        scraped = await asyncio.to_thread(scrape_with_prometheus, metrics_port, tmp_path)
+        scraped = await asyncio.to_thread(scrape_with_prometheus, metrics_port, tmp_path, namespace)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -107,8 +95,8 @@ async def test_rlrun_operator_process(k8s, kube, tmp_path, eventually):
 
 
 PROMQL = {
-    'rlrun_operator_run_phase{phase="Pending"}': 'rlrun_operator_run_phase{run="reverse-text",namespace="default",phase="Pending"}',
-    'rlrun_operator_run_phase{phase="Running"}': 'rlrun_operator_run_phase{run="reverse-text",namespace="default",phase="Running"}',
+    'rlrun_operator_run_phase{phase="Pending"}': 'rlrun_operator_run_phase{run="reverse-text",namespace="NS",phase="Pending"}',
+    'rlrun_operator_run_phase{phase="Running"}': 'rlrun_operator_run_phase{run="reverse-text",namespace="NS",phase="Running"}',
     'rlrun_operator_reconciles_total{handler="reconcile"}': 'rlrun_operator_reconciles_total{handler="reconcile"}',
     'rlrun_operator_reconciles_total{handler="status"}': 'rlrun_operator_reconciles_total{handler="status"}',
     'rlrun_operator_reconcile_duration_seconds_count{handler="status"}': 'rlrun_operator_reconcile_duration_seconds_count{handler="status"}',
@@ -116,9 +104,9 @@ PROMQL = {
 }
 
 
-def scrape_with_prometheus(port: int, folder: Path) -> dict[str, float]:
+def scrape_with_prometheus(port: int, folder: Path, namespace: str) -> dict[str, float]:
     """Runs a real Prometheus scraping the operator's /metrics every second; once every query
-    of PROMQL answers, returns their values."""
+    of PROMQL (for the run in `namespace`) answers, returns their values."""
     import time
     import urllib.parse
 
@@ -137,6 +125,7 @@ def scrape_with_prometheus(port: int, folder: Path) -> dict[str, float]:
         while True:
             values = {}
             for key, query in PROMQL.items():
+                query = query.replace('namespace="NS"', f'namespace="{namespace}"')
                 url = f"http://{web}/api/v1/query?" + urllib.parse.urlencode({"query": query})
                 result = get_json(url)["data"]["result"]
                 if result:

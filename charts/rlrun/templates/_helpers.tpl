@@ -80,14 +80,31 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "create", "patch", "delete"]
-{{- /* Each run's generated Secret is written blind and deleted by name: no Secret is read. */}}
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "list"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get"]
+{{- end -}}
+
+{{- /* Each run's generated Secret is written blind and deleted by name: no Secret is read. Granted
+only in the namespaces runs may use (rlrun.runNamespaces), never cluster-wide. */}}
+{{- define "rlrun.secretRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch", "delete"]
+{{- end -}}
+
+{{- /* The namespaces where RLRuns may run: the watched ones, or runNamespaces when every
+namespace is watched. */}}
+{{- define "rlrun.runNamespaces" -}}
+{{- if .Values.operator.watchAllNamespaces -}}
+{{- toJson .Values.operator.runNamespaces -}}
+{{- else -}}
+{{- toJson .Values.operator.watchNamespaces -}}
+{{- end -}}
 {{- end -}}

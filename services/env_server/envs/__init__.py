@@ -1,1 +1,1 @@
-"""Built-in environments, one module each (registered by id in rlrun.env_server.registry)."""
+"""Built-in environments, one module each (registered by id in rlrun.env_server.envs.registry)."""

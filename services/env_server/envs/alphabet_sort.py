@@ -15,12 +15,12 @@ import random
 import string
 
 from rlrun.common.types import RewardComponent
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness
-from rlrun.env_server.scoring import similarity
-from rlrun.env_server.task import Example, Score, Task
-from rlrun.env_server.taskset import GeneratedTaskset
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.harnesses import MultiTurnHarness, SingleTurnHarness
+from rlrun.env_server.sdk.scoring import similarity
+from rlrun.env_server.sdk.task import Example, Score, Task
+from rlrun.env_server.sdk.taskset import GeneratedTaskset
 
 
 class AlphabetSort(Environment):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import operator
 import random
 
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.harnesses import SingleTurnHarness
-from rlrun.env_server.scoring import exact_match
-from rlrun.env_server.task import Example, Score, Task
-from rlrun.env_server.taskset import GeneratedTaskset
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.harnesses import SingleTurnHarness
+from rlrun.env_server.sdk.scoring import exact_match
+from rlrun.env_server.sdk.task import Example, Score, Task
+from rlrun.env_server.sdk.taskset import GeneratedTaskset
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 

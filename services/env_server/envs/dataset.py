@@ -18,7 +18,7 @@ with an optional `system` template; the target is the `answer` column (as text).
   LaTeX, `\\boxed{}`, decimals; the `datasets` extra installs it);
 - `package.module:function`: `function(answer, target)` returning a float (or a dict of named
   floats, summed), also given `row=` (the row as a dict) when it takes a `row` parameter; e.g.
-  `rlrun.env_server.scoring:similarity` for partial credit.
+  `rlrun.env_server:similarity` for partial credit.
 The reward is named after the scorer (`exact`, `regex`, `math`, or the function's name).
 
 Splits: `eval_path` (a file) or `eval_split` (a split of `hf_id`) is the eval split; without
@@ -43,12 +43,12 @@ from typing import Any
 
 from rlrun.common.errors import did_you_mean
 from rlrun.common.types import RewardComponent
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.harnesses import SingleTurnHarness
-from rlrun.env_server.scoring import exact_match
-from rlrun.env_server.task import Example, Score, Task
-from rlrun.env_server.taskset import EVAL, TRAIN, Taskset, in_eval_bucket
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.harnesses import SingleTurnHarness
+from rlrun.env_server.sdk.scoring import exact_match
+from rlrun.env_server.sdk.task import Example, Score, Task
+from rlrun.env_server.sdk.taskset import EVAL, TRAIN, Taskset, in_eval_bucket
 
 Row = dict[str, Any]
 EXTRA = "install rlrun's `datasets` extra (pip install 'rlrun[datasets]')"

@@ -24,12 +24,12 @@ from __future__ import annotations
 import random
 
 from rlrun.common.types import PlanTarget
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.harnesses import TurnHarness
-from rlrun.env_server.multi_agent import MultiAgentEpisode, PublicMessage
-from rlrun.env_server.task import Example, MemberScores, Score, Task
-from rlrun.env_server.taskset import GeneratedTaskset
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.harnesses import TurnHarness
+from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode, PublicMessage
+from rlrun.env_server.sdk.task import Example, MemberScores, Score, Task
+from rlrun.env_server.sdk.taskset import GeneratedTaskset
 
 DEBATER_A, DEBATER_B, JUDGE = "debater_a", "debater_b", "judge"
 SEAT_NAMES = {DEBATER_A: "a", DEBATER_B: "b"}

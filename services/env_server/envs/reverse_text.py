@@ -12,13 +12,13 @@ import random
 import string
 
 from rlrun.common.types import Trace
-from rlrun.env_server.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.harnesses import SingleTurnHarness
-from rlrun.env_server.scoring import similarity
-from rlrun.env_server.task import Example, Score, Task
-from rlrun.env_server.taskset import GeneratedTaskset
+from rlrun.env_server.sdk.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.harnesses import SingleTurnHarness
+from rlrun.env_server.sdk.scoring import similarity
+from rlrun.env_server.sdk.task import Example, Score, Task
+from rlrun.env_server.sdk.taskset import GeneratedTaskset
 
 
 class ReverseText(Environment):

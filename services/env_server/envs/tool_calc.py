@@ -11,13 +11,13 @@ import ast
 import operator
 import random
 
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.errors import ToolError
-from rlrun.env_server.harnesses import ToolCallingHarness
-from rlrun.env_server.scoring import exact_match
-from rlrun.env_server.task import Example, Score, Task
-from rlrun.env_server.taskset import GeneratedTaskset
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.errors import ToolError
+from rlrun.env_server.sdk.harnesses import ToolCallingHarness
+from rlrun.env_server.sdk.scoring import exact_match
+from rlrun.env_server.sdk.task import Example, Score, Task
+from rlrun.env_server.sdk.taskset import GeneratedTaskset
 
 _BINARY = {
     ast.Add: operator.add,

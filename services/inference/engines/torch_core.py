@@ -40,11 +40,11 @@ from rlrun.inference.engines.base import (
     StreamDelta,
     TopLogprobs,
 )
+from rlrun.inference.engines.scheduler import Admission, SlotScheduler
 from rlrun.inference.engines.static_decode import DecodeMode, StaticDecoder
 from rlrun.inference.logits import EngineResources, RowState, prepare_knobs, sample_ends
 from rlrun.inference.params import GenerationParams
 from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
-from rlrun.inference.scheduler import Admission, SlotScheduler
 from rlrun.inference.structured import GrammarCompiler
 from rlrun.inference.weight_transports import WeightSource
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.orchestrator.env_client import EnvClient
+from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.v1 import env_pb2, env_pb2_grpc
 
 

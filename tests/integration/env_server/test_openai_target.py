@@ -23,11 +23,11 @@ from rlrun.common.service import serve_command
 from rlrun.common.tokenizer import ChatMessage
 from rlrun.common.types import ModelEndpoint, SamplingParams, TaskRef
 from rlrun.common.wire import plan_from_proto, plan_to_proto
-from rlrun.env_server.errors import ModelCallError
-from rlrun.env_server.openai_client import OpenAIChatClient
+from rlrun.env_server.sdk.errors import ModelCallError
+from rlrun.env_server.sdk.openai_client import OpenAIChatClient
 from rlrun.local.processes import ProcessGroup
-from rlrun.orchestrator.env_client import EnvClient
-from rlrun.orchestrator.plan import compile_plans
+from rlrun.orchestrator.collect.env_client import EnvClient
+from rlrun.orchestrator.run.plan import compile_plans
 
 REPO = Path(__file__).resolve().parents[3]
 KEY = "sk-judge-4c1d9e77"

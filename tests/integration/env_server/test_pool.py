@@ -15,9 +15,9 @@ from env_test_servers import REPO
 from rlrun.common.config import PoolConfig
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams
 from rlrun.env_server.envs.reverse_text import ReverseText
-from rlrun.env_server.pool import JobCancelled, WorkerLost, WorkerPool
-from rlrun.env_server.rollout import RolloutJob
-from rlrun.env_server.worker import WorkerSpec
+from rlrun.env_server.server.pool import JobCancelled, WorkerLost, WorkerPool
+from rlrun.env_server.server.rollout import RolloutJob
+from rlrun.env_server.server.worker import WorkerSpec
 from rlrun.v1 import env_pb2, trace_pb2
 
 TASKS = ReverseText().taskset

@@ -13,7 +13,7 @@ import pytest
 
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.types import TaskRef
-from rlrun.orchestrator.env_client import EnvClient
+from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
 
 

@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from rlrun.common.config import resolve_config
-from rlrun.orchestrator.run import Run
-from rlrun.orchestrator.status import RunStatus
+from rlrun.orchestrator.run.run import Run
+from rlrun.orchestrator.run.status import RunStatus
 from rlrun.v1 import env_pb2, env_pb2_grpc
 
 from .conftest import FakeEnv
@@ -111,7 +111,7 @@ async def test_a_reply_that_breaks_the_contract_fails_its_group_naming_field_env
     breaks, expected = CASES[case]
     env = BreakingEnv(stack.env, breaks)
     async with bare_env_server(env) as address:
-        with caplog.at_level(logging.ERROR, logger="rlrun.orchestrator.rollouts"):
+        with caplog.at_level(logging.ERROR, logger="rlrun.orchestrator.collect.rollouts"):
             status = await execute(run_file(stack, tmp_path, address))
     assert status.phase == "succeeded", status.last_error
     [drop] = [r.getMessage() for r in caplog.records]

@@ -12,8 +12,8 @@ import re
 import grpc
 from prometheus_client import REGISTRY
 
-from rlrun.orchestrator.run import Run
-from rlrun.orchestrator.status import RunStatus
+from rlrun.orchestrator.run.run import Run
+from rlrun.orchestrator.run.status import RunStatus
 
 ENV = "reverse-text"
 
@@ -48,7 +48,7 @@ async def test_a_group_answering_internal_or_invalid_argument_is_retried_dropped
     stack.env.abort_groups = {1: grpc.StatusCode.INTERNAL, 3: grpc.StatusCode.INVALID_ARGUMENT}
     before = {reason: failed_groups(reason) for reason in ("internal", "invalid_argument")}
     config = stack.config(tmp_path, max_retries=2, eval={"enabled": False})
-    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.rollouts"):
+    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.collect.rollouts"):
         status = await execute(config)
     assert status.phase == "succeeded", status.last_error
     assert (attempts_of(stack.env, 1), attempts_of(stack.env, 3)) == (3, 3)  # one try, two retries
@@ -144,7 +144,7 @@ async def test_a_token_outside_the_vocabulary_never_reaches_the_trainer(stack, t
     flagged = "rlrun_orchestrator_filtered_rollouts_total"
     before = sample(flagged, filter="out_of_vocabulary", env=ENV)
     config = stack.config(tmp_path, eval={"enabled": False})
-    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.batching"):
+    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.credit.batching"):
         status = await execute(config)
     assert status.phase == "succeeded", status.last_error
     trained = [b for b in stack.trainer.batches]

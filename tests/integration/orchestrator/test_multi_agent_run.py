@@ -12,8 +12,8 @@ import pytest
 from rlrun.common.config import resolve_config
 from rlrun.common.types import Branch, MessageNode, Trace
 from rlrun.common.wire import plan_from_proto, task_from_proto, trace_to_proto
-from rlrun.orchestrator.run import Run
-from rlrun.orchestrator.status import RunStatus
+from rlrun.orchestrator.run.run import Run
+from rlrun.orchestrator.run.status import RunStatus
 from rlrun.v1 import env_pb2, env_pb2_grpc
 
 ENV_SERVICE = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name

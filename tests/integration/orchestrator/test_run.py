@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlrun.orchestrator import metrics as orchestrator_metrics
-from rlrun.orchestrator.run import Run
-from rlrun.orchestrator.status import RunStatus
+from rlrun.orchestrator.run.run import Run
+from rlrun.orchestrator.run.status import RunStatus
 
 
 async def execute(config):
@@ -270,7 +270,7 @@ async def test_resume_continues_the_step_sequence(stack, tmp_path):
     assert summary["eval_reward_start"] == saved["eval_reward_start"] == 0.0
     assert summary["steps"] == 6
 
-    from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
+    from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 
     sampler = TaskSampler([EnvTasks("reverse-text", 1.0, 1000)], seed=0)
     sampler.load_state(saved["sampler"])

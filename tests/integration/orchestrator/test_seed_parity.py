@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import logging
 
-from rlrun.orchestrator.run import Run
-from rlrun.orchestrator.status import RunStatus
+from rlrun.orchestrator.run.run import Run
+from rlrun.orchestrator.run.status import RunStatus
 
 
 async def execute(config):
@@ -54,7 +54,7 @@ async def test_saved_rollouts_no_filter_flagged_say_so(stack, tmp_path):
     assert rows and all(r["isFiltered"] is False and r["filters"] == [] for r in rows)
 
 
-LOW = "rlrun.orchestrator.recorder"
+LOW = "rlrun.orchestrator.run.recorder"
 
 
 async def test_a_batch_where_at_most_a_tenth_trains_is_warned_about(stack, tmp_path, caplog):

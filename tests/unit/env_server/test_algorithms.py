@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rlrun.common.types import Branch, Channel, MessageNode, TaskRef, Trace, TraceError
-from rlrun.env_server.algorithms import BranchResult, run_env_algorithms, sampled_advantage
 from rlrun.env_server.envs.reverse_text import ReverseText
+from rlrun.env_server.sdk.algorithms import BranchResult, run_env_algorithms, sampled_advantage
 
 
 def trace(trace_id: str, reward: float, sampled: int, answer: str = "abc", failed: bool = False) -> Trace:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rlrun.env_server.envs.dataset import DatasetEnv, read_rows
-from rlrun.env_server.registry import make_env
-from rlrun.env_server.task import Task
+from rlrun.env_server.envs.registry import make_env
+from rlrun.env_server.sdk.task import Task
 
 from ...support.hf_cache import REPO, hub_env, trap_fixture  # noqa: F401
 
@@ -146,7 +146,7 @@ def test_scorers_exact_regex_math_and_a_callable(tmp_path):
         score(default_regex, tasks["half"], "  1/2\n") == 1.0
         and score(default_regex, tasks["half"], "1/23") == 0.0
     )
-    similarity, tasks = env("rlrun.env_server.scoring:similarity")
+    similarity, tasks = env("rlrun.env_server.sdk.scoring:similarity")
     assert score(similarity, tasks["half"], "1/3") == pytest.approx(2 / 3)
     named, tasks = env(f"{__name__}:row_aware")
     reward = named.score(tasks["half"], Done("1/2"))

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams
-from rlrun.env_server.completion import Completion
 from rlrun.env_server.envs.debate import DRAW, Debate, outcome_rewards, verdict
-from rlrun.env_server.rollout import RolloutJob, Runtime, run_rollouts
-from rlrun.env_server.taskset import in_eval_bucket
+from rlrun.env_server.sdk.completion import Completion
+from rlrun.env_server.sdk.taskset import in_eval_bucket
+from rlrun.env_server.server.rollout import RolloutJob, Runtime, run_rollouts
 
 MEMBERS = ("debater_a", "debater_b", "judge")
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.types import RewardComponent
-from rlrun.env_server.completion import Completion
-from rlrun.env_server.conversation import Conversation
 from rlrun.env_server.envs.alphabet_sort import AlphabetSort
 from rlrun.env_server.envs.arithmetic import Arithmetic
+from rlrun.env_server.envs.registry import BUILTIN, make_env, resolve
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.env_server.envs.tool_calc import ToolCalc, calculate
-from rlrun.env_server.episode import POLICY, Episode
-from rlrun.env_server.errors import ToolError
-from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
-from rlrun.env_server.registry import BUILTIN, make_env, resolve
-from rlrun.env_server.task import Task
+from rlrun.env_server.sdk.completion import Completion
+from rlrun.env_server.sdk.conversation import Conversation
+from rlrun.env_server.sdk.episode import POLICY, Episode
+from rlrun.env_server.sdk.errors import ToolError
+from rlrun.env_server.sdk.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
+from rlrun.env_server.sdk.task import Task
 
 
 def answered(tokenizer, task: Task, *answers: str, turns: int | None = None) -> Episode:
@@ -166,7 +166,7 @@ def test_the_registry_knows_every_builtin_and_import_paths():
             {},
             r"has no 'Arithmetik' \(did you mean Arithmetic\?\)",
         ),
-        ("rlrun.env_server.scoring:similarity", {}, "not an Environment"),
+        ("rlrun.env_server.sdk.scoring:similarity", {}, "not an Environment"),
         ("reverse-text", {"bogus": 1}, "bad args"),
     ],
 )

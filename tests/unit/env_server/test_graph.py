@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.types import TaskRef, Trace
-from rlrun.env_server.completion import Completion
-from rlrun.env_server.conversation import Conversation
-from rlrun.env_server.trace_builder import TraceBuilder
+from rlrun.env_server.sdk.completion import Completion
+from rlrun.env_server.sdk.conversation import Conversation
+from rlrun.env_server.sdk.trace_builder import TraceBuilder
 
 
 def completion(tokenizer, text: str, logprob: float = -0.5, version: tuple[int, int] = (0, 0), finish="stop"):

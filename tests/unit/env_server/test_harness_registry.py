@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.config import EnvConfig
-from rlrun.env_server.harness import Harness
-from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
-from rlrun.env_server.registry import make_env
+from rlrun.env_server.envs.registry import make_env
+from rlrun.env_server.sdk.harness import Harness
+from rlrun.env_server.sdk.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
 
 
 class EchoHarness(Harness):

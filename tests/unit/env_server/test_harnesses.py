@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.env_server.conversation import Conversation
-from rlrun.env_server.episode import POLICY, Episode
-from rlrun.env_server.errors import ToolError
-from rlrun.env_server.harness import Harness
-from rlrun.env_server.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
-from rlrun.env_server.harnesses.tool_calling import parse_tool_call
-from rlrun.env_server.task import Task
+from rlrun.env_server.sdk.conversation import Conversation
+from rlrun.env_server.sdk.episode import POLICY, Episode
+from rlrun.env_server.sdk.errors import ToolError
+from rlrun.env_server.sdk.harness import Harness
+from rlrun.env_server.sdk.harnesses import MultiTurnHarness, SingleTurnHarness, ToolCallingHarness
+from rlrun.env_server.sdk.harnesses.tool_calling import parse_tool_call
+from rlrun.env_server.sdk.task import Task
 
 TASK = Task("train", 0, "dcba", "dcba", {"answer": "abcd"})
 

@@ -13,8 +13,8 @@ from rlrun.common.errors import RequestError
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, TraceError
 from rlrun.common.wire import trace_to_proto
-from rlrun.env_server.host import EnvHost
-from rlrun.env_server.rollout import RolloutJob, error_traces
+from rlrun.env_server.server.host import EnvHost
+from rlrun.env_server.server.rollout import RolloutJob, error_traces
 from rlrun.v1 import env_pb2, trace_pb2
 
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from rlrun.common.types import SamplingParams
-from rlrun.env_server.errors import InvalidModelOutput, ModelCallError, ScoringError, trace_error
-from rlrun.env_server.inference_client import InferenceClient, completions_from_proto
+from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError, ScoringError, trace_error
+from rlrun.env_server.sdk.inference_client import InferenceClient, completions_from_proto
 from rlrun.v1 import inference_pb2
 
 STOP, LENGTH = inference_pb2.FINISH_REASON_STOP, inference_pb2.FINISH_REASON_LENGTH

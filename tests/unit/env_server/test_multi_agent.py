@@ -11,16 +11,16 @@ import pytest
 from rlrun.common.errors import RequestError
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, TraceError
 from rlrun.common.wire import trace_from_proto, trace_to_proto
-from rlrun.env_server.channels import public_text
-from rlrun.env_server.conversation import Conversation
-from rlrun.env_server.environment import Environment
 from rlrun.env_server.envs.arithmetic import Arithmetic
-from rlrun.env_server.errors import ModelCallError
-from rlrun.env_server.harnesses import TurnHarness
-from rlrun.env_server.multi_agent import MultiAgentEpisode, learner_seat
-from rlrun.env_server.rollout import RolloutJob, Runtime, error_traces, run_rollouts, start_episodes
-from rlrun.env_server.task import MemberScores, Score, Task
-from rlrun.env_server.taskset import Taskset
+from rlrun.env_server.sdk.channels import public_text
+from rlrun.env_server.sdk.conversation import Conversation
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.errors import ModelCallError
+from rlrun.env_server.sdk.harnesses import TurnHarness
+from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode, learner_seat
+from rlrun.env_server.sdk.task import MemberScores, Score, Task
+from rlrun.env_server.sdk.taskset import Taskset
+from rlrun.env_server.server.rollout import RolloutJob, Runtime, error_traces, run_rollouts, start_episodes
 
 TASK = Task("train", 0, "q0", "1+1", {"answer": "2"})
 
@@ -316,7 +316,7 @@ def test_an_env_without_members_keeps_one_policy_trace_per_rollout():
 def debate_host(tmp_path):
     from rlrun.common.config import resolve_config
     from rlrun.common.grpc_client import ClientOptions
-    from rlrun.env_server.host import EnvHost
+    from rlrun.env_server.server.host import EnvHost
 
     config, _ = resolve_config({"orchestrator": {"train": {"env": [{"id": "debate"}]}}})
     return EnvHost(config.orchestrator.train.env[0], config, tmp_path, ClientOptions())

@@ -9,14 +9,14 @@ import math
 import pytest
 
 from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams
-from rlrun.env_server.completion import Completion
-from rlrun.env_server.environment import Environment
 from rlrun.env_server.envs.reverse_text import ReverseText
-from rlrun.env_server.errors import InvalidModelOutput, ModelCallError
-from rlrun.env_server.harnesses import SingleTurnHarness
-from rlrun.env_server.models import InferenceModel, RuleModel
-from rlrun.env_server.rollout import CANCELLED, RolloutJob, Runtime, error_traces, run_rollouts
-from rlrun.env_server.task import Score, Task
+from rlrun.env_server.sdk.completion import Completion
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError
+from rlrun.env_server.sdk.harnesses import SingleTurnHarness
+from rlrun.env_server.sdk.models import InferenceModel, RuleModel
+from rlrun.env_server.sdk.task import Score, Task
+from rlrun.env_server.server.rollout import CANCELLED, RolloutJob, Runtime, error_traces, run_rollouts
 
 
 class FakeClient:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.env_server.scoring import exact_match, levenshtein, similarity
+from rlrun.env_server.sdk.scoring import exact_match, levenshtein, similarity
 
 
 @pytest.mark.parametrize(

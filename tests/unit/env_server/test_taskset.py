@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from rlrun.env_server.task import Example
-from rlrun.env_server.taskset import GeneratedTaskset, in_eval_bucket
+from rlrun.env_server.sdk.task import Example
+from rlrun.env_server.sdk.taskset import GeneratedTaskset, in_eval_bucket
 
 
 def letters(rng: random.Random) -> Example:

@@ -1,4 +1,4 @@
-"""verifiers trace -> rlrun Trace (services/env_server/verifiers_env.py) on real verifiers
+"""verifiers trace -> rlrun Trace (services/env_server/envs/verifiers/env.py) on real verifiers
 objects: a trace built by verifiers' own graph (`prepare_turn` + `PendingTurn.commit`) from
 train-client responses (`response_from_generate`) whose prompts the `renderers` renderer over the
 shipped tokenizer folder rendered, so the nodes carry the renderer's token attribution."""
@@ -19,7 +19,7 @@ from verifiers.v1.trace import AgentInfo, ModelCall, TraceTask  # noqa: E402
 
 from rlrun.common.types import TaskRef  # noqa: E402
 from rlrun.common.wire import trace_from_proto, trace_to_proto  # noqa: E402
-from rlrun.env_server.verifiers_env import convert_episode, convert_trace  # noqa: E402
+from rlrun.env_server.envs.verifiers.env import convert_episode, convert_trace  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[3] / "configs/tokenizer/lowercase"
 REF = TaskRef(env="vf-reverse", split="train", idx=3, example_id="abc", data='{"text":"abc"}')

@@ -3,7 +3,7 @@
 import pytest
 
 from rlrun.inference.engines.base import QueueFullError
-from rlrun.inference.scheduler import SlotScheduler
+from rlrun.inference.engines.scheduler import SlotScheduler
 
 
 def test_samples_of_a_request_are_admitted_together_and_in_order():

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlrun.common.types import Branch, MessageNode, TaskRef, Trace, TraceError
-from rlrun.orchestrator.group import RolloutGroup
+from rlrun.orchestrator.collect.group import RolloutGroup
 
 
 def node(nid, role, tokens, sampled=None, logprobs=None, parent=None, observation=False, parse_error=False):

@@ -8,15 +8,15 @@ import pytest
 
 from rlrun.common.config import ConfigError
 from rlrun.common.types import Channel, WireError
-from rlrun.orchestrator.algorithms import (
+from rlrun.orchestrator.credit.algorithms import (
     AlgorithmDeps,
     BranchResult,
     apply_branch_results,
     builtin,
     builtin_names,
 )
-from rlrun.orchestrator.algorithms.grpo import group_advantages
-from rlrun.orchestrator.algorithms.max_rl import max_rl_advantages
+from rlrun.orchestrator.credit.algorithms.grpo import group_advantages
+from rlrun.orchestrator.credit.algorithms.max_rl import max_rl_advantages
 
 
 def run(name, group, args=None, deps=None):

@@ -6,8 +6,8 @@ import pytest
 
 from rlrun.common.config import ConfigError
 from rlrun.common.types import Channel
-from rlrun.orchestrator.algorithms import AlgorithmDeps, BranchResult, EnvOwnedAlgorithms
-from rlrun.orchestrator.credit import CreditPipelines, EnvAlgorithmSpec
+from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, BranchResult, EnvOwnedAlgorithms
+from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec
 
 
 async def no_env_algorithms(env_id, ids, traces):

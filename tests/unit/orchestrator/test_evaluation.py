@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.types import TaskRef
-from rlrun.orchestrator.evaluation import eval_tasks, result_rows, summarize
+from rlrun.orchestrator.collect.evaluation import eval_tasks, result_rows, summarize
 
 
 def row(env, idx, reward, trained=True):

@@ -9,9 +9,9 @@ import pytest
 
 from rlrun.common.config import FiltersConfig
 from rlrun.common.types import RewardComponent
-from rlrun.orchestrator.algorithms.base import credit_sampled
-from rlrun.orchestrator.batching import build_batch
-from rlrun.orchestrator.filters import RolloutFilters, has_repetition, is_gibberish
+from rlrun.orchestrator.credit.algorithms.base import credit_sampled
+from rlrun.orchestrator.credit.batching import build_batch
+from rlrun.orchestrator.credit.filters import RolloutFilters, has_repetition, is_gibberish
 
 VOCAB = 128
 FLOOR = -math.log(VOCAB) - 2.0  # the gibberish threshold with the default offset
@@ -99,7 +99,7 @@ def test_a_token_outside_the_vocabulary_keeps_only_its_trace_out_of_training(bui
     bad.nodes[2].token_ids[1] = VOCAB  # a tool observation from an env that tokenized differently
     for t in (edge, bad):
         credit_sampled(t, "rl", t.reward - 0.5)
-    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.batching"):
+    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.credit.batching"):
         batch = build_batch([build.group([edge, bad])], RolloutFilters(FiltersConfig(), VOCAB))
     [sample] = batch.samples
     assert max(sample.token_ids) == VOCAB - 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.types import Branch, Channel, MessageNode, TaskRef, Trace
-from rlrun.orchestrator.algorithms.base import add_credit
-from rlrun.orchestrator.flatten import flatten_trace, merge_channels
+from rlrun.orchestrator.credit.algorithms.base import add_credit
+from rlrun.orchestrator.credit.flatten import flatten_trace, merge_channels
 
 
 def credit(trace, branch, loss, values, mask):

@@ -10,12 +10,12 @@ import pytest
 
 from rlrun.common.config import ConfigError, resolve_config
 from rlrun.common.types import TaskRef
-from rlrun.orchestrator.algorithms import AlgorithmDeps, builtin
-from rlrun.orchestrator.credit import CreditPipelines, EnvAlgorithmSpec
-from rlrun.orchestrator.evaluation import result_rows, summarize
-from rlrun.orchestrator.outputs import trace_row
-from rlrun.orchestrator.plan import compile_plans, trained_members
-from rlrun.orchestrator.state import OrchestratorState
+from rlrun.orchestrator.collect.evaluation import result_rows, summarize
+from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, builtin
+from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec
+from rlrun.orchestrator.run.outputs import trace_row
+from rlrun.orchestrator.run.plan import compile_plans, trained_members
+from rlrun.orchestrator.run.state import OrchestratorState
 
 DEBATE = ("debater_a", "debater_b", "judge")
 

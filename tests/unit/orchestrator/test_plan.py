@@ -6,7 +6,7 @@ import pytest
 
 from rlrun.common.config import ConfigError, resolve_config
 from rlrun.common.types import ModelEndpoint
-from rlrun.orchestrator.plan import (
+from rlrun.orchestrator.run.plan import (
     check_env_temperature,
     compile_plan,
     compile_plans,
@@ -134,7 +134,7 @@ def test_an_env_declaring_another_temperature_is_refused_when_it_would_skew_the_
     assert "declares temperature 0.7" in str(refused.value) and "importance ratio" in str(refused.value)
     # A rule-played actor samples nothing from logits: nothing trains at the temperature.
     rule = config(actor="scripted", models={"scripted": {"kind": "rule"}})
-    with caplog.at_level("WARNING", logger="rlrun.orchestrator.plan"):
+    with caplog.at_level("WARNING", logger="rlrun.orchestrator.run.plan"):
         check_env_temperature(rule, 1, 0.7)
     [warning] = caplog.records
     assert "env 'arithmetic' declares temperature 0.7" in warning.getMessage()

@@ -4,7 +4,7 @@ tests/integration/orchestrator/test_failed_groups.py."""
 
 from __future__ import annotations
 
-from rlrun.orchestrator.retry import FailureRate, Verdict, classify_traces, may_retry
+from rlrun.orchestrator.collect.retry import FailureRate, Verdict, classify_traces, may_retry
 
 
 def test_traces_are_retried_only_when_every_error_is_retryable(build):

@@ -9,21 +9,21 @@ from types import SimpleNamespace
 import pytest
 
 from rlrun.common.config.orchestrator import FiltersConfig, OrchestratorConfig
-from rlrun.orchestrator.algorithms import AlgorithmDeps
-from rlrun.orchestrator.batching import build_batch
-from rlrun.orchestrator.checkpointer import Checkpointer
-from rlrun.orchestrator.credit import CreditPipelines, EnvAlgorithmSpec
-from rlrun.orchestrator.filters import RolloutFilters
-from rlrun.orchestrator.loop import MAX_SKIPS_IN_A_ROW, StepLoop
-from rlrun.orchestrator.outputs import RunOutputs
-from rlrun.orchestrator.phase import RLPhase, WarmupPhase, rl_phase, warmup_phase
-from rlrun.orchestrator.progress import Progress
-from rlrun.orchestrator.recorder import Recorder
-from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
-from rlrun.orchestrator.state import OrchestratorState
-from rlrun.orchestrator.status import RunStatus
-from rlrun.orchestrator.step import BuiltStep, RunFailed
-from rlrun.orchestrator.trainer_client import Resumed, StepResult, encode_batch
+from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
+from rlrun.orchestrator.credit.algorithms import AlgorithmDeps
+from rlrun.orchestrator.credit.batching import build_batch
+from rlrun.orchestrator.credit.filters import RolloutFilters
+from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec
+from rlrun.orchestrator.run.checkpointer import Checkpointer
+from rlrun.orchestrator.run.loop import MAX_SKIPS_IN_A_ROW, StepLoop
+from rlrun.orchestrator.run.outputs import RunOutputs
+from rlrun.orchestrator.run.phase import RLPhase, WarmupPhase, rl_phase, warmup_phase
+from rlrun.orchestrator.run.progress import Progress
+from rlrun.orchestrator.run.recorder import Recorder
+from rlrun.orchestrator.run.state import OrchestratorState
+from rlrun.orchestrator.run.status import RunStatus
+from rlrun.orchestrator.run.step import BuiltStep, RunFailed
+from rlrun.orchestrator.run.trainer_client import Resumed, StepResult, encode_batch
 
 ORCH = OrchestratorConfig.model_validate(
     {"batch_size": 2, "group_size": 2, "max_steps": 3, "train": {"env": [{"id": "rev"}]}}

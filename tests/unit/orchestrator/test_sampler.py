@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
+from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 
 
 def test_same_seed_same_stream_and_the_state_resumes_it():

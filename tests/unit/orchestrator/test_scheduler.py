@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from rlrun.common.config.orchestrator import GroupFailuresConfig
-from rlrun.orchestrator.rollouts import EnvRollouts
-from rlrun.orchestrator.sampler import EnvTasks, TaskSampler
-from rlrun.orchestrator.scheduler import GroupScheduler, GroupsFailing, SchedulerSettings
-from rlrun.orchestrator.status import RunStatus
+from rlrun.orchestrator.collect.rollouts import EnvRollouts
+from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
+from rlrun.orchestrator.collect.scheduler import GroupScheduler, GroupsFailing, SchedulerSettings
+from rlrun.orchestrator.run.status import RunStatus
 from rlrun.v1 import plan_pb2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlrun.orchestrator.staleness import batches_ahead, groups_to_dispatch, is_stale, off_policy_lag
+from rlrun.orchestrator.collect.staleness import batches_ahead, groups_to_dispatch, is_stale, off_policy_lag
 
 
 def test_a_group_is_stale_beyond_max_off_policy_steps():

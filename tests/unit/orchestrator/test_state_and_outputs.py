@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rlrun.orchestrator.outputs import RunOutputs
-from rlrun.orchestrator.state import OrchestratorState
+from rlrun.orchestrator.run.outputs import RunOutputs
+from rlrun.orchestrator.run.state import OrchestratorState
 
 
 def test_state_round_trips_through_bytes():

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlrun.common.tokenizer import CharTokenizer
-from rlrun.env_server.environment import Environment
-from rlrun.env_server.episode import Episode
-from rlrun.env_server.harnesses import SingleTurnHarness
-from rlrun.env_server.task import Example, Score, Task
-from rlrun.env_server.taskset import GeneratedTaskset
+from rlrun.env_server.sdk.environment import Environment
+from rlrun.env_server.sdk.episode import Episode
+from rlrun.env_server.sdk.harnesses import SingleTurnHarness
+from rlrun.env_server.sdk.task import Example, Score, Task
+from rlrun.env_server.sdk.taskset import GeneratedTaskset
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
 
 TOKENIZER_PATH = "configs/tokenizer/char"

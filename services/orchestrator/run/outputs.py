@@ -1,0 +1,128 @@
+"""What the orchestrator writes into the run folder (`rlrun local` and people read it):
+
+- `metrics.jsonl`: one JSON object per step (phase `warmup` or `rl`) and per eval (phase
+  `eval`); every line has `step` (the step count of its phase), `trainer_step` and `phase`.
+- `eval/step_<N>.jsonl` (eval after N RL steps) and `eval/dev_step_<N>.jsonl` (warm-start dev
+  check after N warm steps): one line per rollout.
+- `rollouts/step_<N>.jsonl` when `orchestrator.save_rollouts_interval` is set: every trace, in
+  the proto's JSON mapping except the task's `exampleId`, which is the id itself (an int stays
+  an int, a str a str), plus `isFiltered` (an enforced filter kept it from training) and
+  `filters` (the names of the filters that flagged it, enforced or monitored; [] when none).
+- `summary.json` at the end, `error.txt` when the run failed.
+
+Nothing here is deleted to start over (`rlrun local --fresh` clears the folder itself): a run
+resumed at a checkpoint keeps what belongs to the steps up to it and drops the rest, so the
+step sequence has no gap and no duplicate (a step trained again gets a new line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from rlrun.common.types import Trace
+from rlrun.common.wire import trace_to_proto
+from rlrun.orchestrator.run import tracking
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+ERROR = "error.txt"
+EVAL_DIR = "eval"
+ROLLOUTS_DIR = "rollouts"
+STEP_PHASES = ("warmup", "rl")
+"""The phases whose lines record a trained step (the others record evals)."""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def trace_row(
+    trace: Trace, filters: list[str] | None = None, is_filtered: bool | None = None
+) -> dict[str, Any]:
+    """A trace as a JSON row; a kept rollout (`filters` given) also records `isFiltered` and
+    the filters that flagged it."""
+    row = json_format.MessageToDict(trace_to_proto(trace))
+    if trace.task.example_id is not None:
+        row["task"]["exampleId"] = trace.task.example_id
+    if filters is not None:
+        row["isFiltered"] = bool(is_filtered)
+        row["filters"] = list(filters)
+    return row
+
+
+class RunOutputs:
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS
+
+    def recorded_trainer_step(self) -> int | None:
+        """The trainer step of the last training step recorded in metrics.jsonl (0 when it
+        has none yet); None when there is no metrics.jsonl (a new run folder, or an
+        orchestrator whose folder did not survive: the trainer's checkpoints decide)."""
+        if not self.metrics_path.exists():
+            return None
+        steps = [
+            row.get("trainer_step", 0)
+            for line in self.metrics_path.read_text().splitlines()
+            if line.strip() and (row := json.loads(line)).get("phase") in STEP_PHASES
+        ]
+        return max(steps, default=0)
+
+    def resume_after(self, trainer_step: int, warmup_steps: int, rl_steps: int) -> None:
+        """Keeps only what the first `trainer_step` steps wrote (the checkpoint's)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (SUMMARY, ERROR):
+            (self.run_dir / name).unlink(missing_ok=True)
+        if self.metrics_path.exists():
+            kept = [
+                line
+                for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("trainer_step", 0) <= trainer_step
+            ]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        limits = {"step": rl_steps, "dev_step": warmup_steps}
+        for directory in (self.run_dir / EVAL_DIR, self.run_dir / ROLLOUTS_DIR):
+            for path in directory.glob("*.jsonl") if directory.exists() else []:
+                kind, _, number = path.stem.rpartition("_")
+                if number.isdigit() and int(number) > limits.get(kind, rl_steps):
+                    path.unlink()
+
+    def append_metrics(self, line: dict[str, Any]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_jsonable(line)) + "\n")
+        tracking.log_metrics(line)
+
+    def track_rollouts(self, step: int, traces: list[Trace]) -> None:
+        """An RL step's traces, for the sample table of `[monitor]` (when that step is due)."""
+        tracking.log_rollouts(step, traces)
+
+    def write_rows(self, folder: str, name: str, rows: list[dict[str, Any]]) -> Path:
+        directory = self.run_dir / folder
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(_jsonable(row)) + "\n" for row in rows))
+        return path
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        path = self.run_dir / SUMMARY
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(_jsonable(summary), indent=2))
+        tmp.replace(path)
+
+    def write_error(self, message: str) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / ERROR).write_text(message.rstrip() + "\n")

@@ -1,0 +1,81 @@
+"""Simulated nodes and pods with kwok (sigs.k8s.io/kwok): the controller keeps the Nodes it
+manages Ready (heartbeats on a Lease) and takes every pod the scheduler binds to them through
+kwok's own stages (Running and Ready at once; gone when deleted). No container runs.
+
+GPU nodes look like a managed GPU node pool: `nvidia.com/gpu` capacity, the NVIDIA labels, and
+the `nvidia.com/gpu` NoSchedule taint (the API server's ExtendedResourceToleration admission
+adds the toleration to pods that ask for GPUs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .processes import TOOLS, ClusterError, Process, free_port, tool
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+GPU = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodePool:
+    name: str
+    count: int
+    gpus: int = 0
+    cpu: str = "64"
+    memory: str = "512Gi"
+    pods: int = 110
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [self.node(index) for index in range(self.count)]
+
+    def node(self, index: int) -> dict[str, Any]:
+        name = f"{self.name}-{index}"
+        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods)}
+        labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "type": "kwok",
+            "rlrun.dev/test-pool": self.name,
+            **self.labels,
+        }
+        taints = []
+        if self.gpus:
+            capacity[GPU] = str(self.gpus)
+            labels |= {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(self.gpus)}
+            taints.append({"key": GPU, "value": "present", "effect": "NoSchedule"})
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: "fake"}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {"capacity": capacity, "allocatable": dict(capacity)},
+        }
+
+
+GPU_POOL = NodePool("gpu-node", count=4, gpus=8, labels={"node.kubernetes.io/instance-type": "gpu-8x"})
+CPU_POOL = NodePool("cpu-node", count=2, labels={"node.kubernetes.io/instance-type": "cpu-64"})
+
+
+def start_kwok(kubeconfig: Path, logs: Path) -> Process:
+    stages = TOOLS / "kwok" / "stages.yaml"
+    if not stages.exists():
+        raise ClusterError(f"{stages} is missing: run `make k8s-tools`")
+    return Process(
+        "kwok",
+        [
+            tool("kwok"),
+            f"--kubeconfig={kubeconfig}",
+            f"--config={stages}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            # Pod IPs from a range no real interface has: a kwok pod answers nothing.
+            "--cidr=10.250.0.1/16",
+            "--node-ip=10.250.0.1",
+            f"--server-address=127.0.0.1:{free_port()}",
+        ],
+        logs,
+    )
