@@ -33,6 +33,10 @@ BENCHMARKS = {
         "async (max_off_policy_steps=1) vs sync step time, against the bound",
     ),
     "stack": ("rlrun.bench.stack", "the rlrun local service stack vs the same RL loop in one process"),
+    "verifiers": (
+        "rlrun.bench.verifiers",
+        "a one-turn verifiers env's env-server and RL step vs the same task as a native env",
+    ),
     "gpu": (
         "rlrun.bench.gpu",
         "served engine, learner, weight sync and rlrun local on one GPU, each vs its baseline",

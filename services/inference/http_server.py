@@ -25,6 +25,8 @@ import uvicorn
 
 from rlrun.common.grpc_server import read_token_file
 
+KEEP_ALIVE_S = 65
+"""Seconds an idle keep-alive connection stays open on the server's side."""
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 """Paths served without the API key."""
 
@@ -115,6 +117,11 @@ class HttpServer:
             log_level="warning",
             lifespan="off",
             timeout_graceful_shutdown=2,
+            # Longer than a client pool keeps an idle connection (httpx: 5 s), so the client
+            # always closes it first: at uvicorn's 5 s both ends raced, and a request sent on a
+            # connection the server was closing failed ("Connection error" in verifiers' train
+            # client, a retried group).
+            timeout_keep_alive=KEEP_ALIVE_S,
             ssl_certfile=str(tls_cert) if tls_cert is not None else None,
             ssl_keyfile=str(tls_key) if tls_key is not None else None,
         )

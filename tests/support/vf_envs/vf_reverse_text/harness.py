@@ -1,5 +1,19 @@
+import functools
+
+import httpx
 import openai
 import verifiers.v1 as vf
+
+
+@functools.cache
+def http_client() -> httpx.AsyncClient:
+    """One HTTP client for every rollout of the process (its worker has one event loop).
+
+    verifiers builds a harness for every rollout, and an `openai.AsyncOpenAI` built without an
+    `http_client` builds an httpx client, and with it an SSL context: tens of ms of CPU on the
+    event loop that runs every other rollout, the interception server included. With 128
+    rollouts in flight that took most of a step, and connections timed out."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
 
 
 class ChatHarnessConfig(vf.HarnessConfig):
@@ -20,9 +34,8 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}
         ]
-        client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
-        try:
-            await client.chat.completions.create(model=ctx.model, messages=messages)
-        finally:
-            await client.close()
+        client = openai.AsyncOpenAI(
+            base_url=endpoint, api_key=secret, max_retries=0, http_client=http_client()
+        )
+        await client.chat.completions.create(model=ctx.model, messages=messages)
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
