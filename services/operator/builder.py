@@ -320,6 +320,34 @@ class RunBuilder:
             probe["successThreshold"] = 1
         return probe
 
+    def packed(self, gpus: int) -> dict[str, Any]:
+        """A preference for nodes that already run GPU pods of this run: the scheduler's
+        default scoring spreads pods over nodes, so 4 inference replicas of 2 GPUs would take 2
+        GPUs on each of four 8-GPU nodes and leave no whole node for an 8-GPU trainer pod (seen
+        on a real scheduler: "Insufficient nvidia.com/gpu"). Packed, they fill two nodes."""
+        return {
+            "podAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {
+                                "matchLabels": {"app.kubernetes.io/instance": self.cluster.name},
+                                "matchExpressions": [
+                                    {
+                                        "key": "app.kubernetes.io/component",
+                                        "operator": "In",
+                                        "values": sorted(MODEL_COMPONENTS),
+                                    }
+                                ],
+                            },
+                        },
+                    }
+                ]
+            }
+        }
+
     def placement(
         self, component_placement: Placement | None, selector: dict[str, str], gpus: int
     ) -> dict[str, Any]:
@@ -341,6 +369,8 @@ class RunBuilder:
         if unique:
             pod["tolerations"] = unique
         affinity = own.affinity if own.affinity is not None else base.affinity
+        if affinity is None and gpus and selector.get("app.kubernetes.io/component") in MODEL_COMPONENTS:
+            affinity = self.packed(gpus)
         if affinity:
             pod["affinity"] = affinity
         spread = own.topology_spread or base.topology_spread

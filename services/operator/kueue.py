@@ -137,7 +137,9 @@ class Admission:
 
 
 def _gated(pod: dict[str, Any]) -> bool:
-    return any(gate.get("name") == ADMISSION_GATE for gate in (pod.get("spec") or {}).get("schedulingGates") or [])
+    return any(
+        gate.get("name") == ADMISSION_GATE for gate in (pod.get("spec") or {}).get("schedulingGates") or []
+    )
 
 
 def admission(workload: dict[str, Any] | None, group_pods: list[dict[str, Any]]) -> Admission:

@@ -44,6 +44,7 @@ import re
 from typing import Any
 
 from rlrun.common.config import ConfigError
+from rlrun.operator import kueue
 from rlrun.operator.builder import (
     AUTH_HASH_ANNOTATION,
     CONFIG_HASH_ANNOTATION,
@@ -77,7 +78,6 @@ from rlrun.operator.builder import (
 )
 from rlrun.operator.components import COMPONENTS
 from rlrun.operator.config import Cluster, render_config
-from rlrun.operator import kueue
 from rlrun.operator.spec import DNS_LABEL, MAX_RUN_NAME, SpecError, parse_spec
 
 __all__ = [

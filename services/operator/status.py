@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlrun.operator.kueue import Admission
 from rlrun.operator.reconcile import (
     ENV_SERVER,
     INFERENCE,

@@ -17,7 +17,7 @@ import yaml
 helm = importlib.import_module("helm_python")
 
 from rlrun.cli import build_parser  # noqa: E402
-from rlrun.operator.rbac import REQUIRED_RULES, permission_set  # noqa: E402
+from rlrun.operator.rbac import REQUIRED_RULES, SECRET_RULES, permission_set  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rlrun"
@@ -115,12 +115,11 @@ def test_rbac_is_exactly_what_the_operator_uses_without_wildcards(label, values)
     roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
     assert roles
     expected = permission_set(REQUIRED_RULES)
+    secrets = permission_set(SECRET_RULES)
     # The operator reads no Secret: it writes each run's own and derives the credentials.
-    assert {verb for group, resource, verb in expected if resource == "secrets"} == {
-        "create",
-        "patch",
-        "delete",
-    }
+    assert secrets == {("", "secrets", "create"), ("", "secrets", "patch"), ("", "secrets", "delete")}
+    assert not [p for p in expected if p[1] == "secrets"]
+    granted_by: dict[tuple[str, str], set] = {}
     for role in roles:
         granted = set()
         for rule in role["rules"]:
@@ -129,15 +128,16 @@ def test_rbac_is_exactly_what_the_operator_uses_without_wildcards(label, values)
             granted |= {
                 (g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
             }
-        assert granted == expected
+        granted_by[(role["kind"], role["metadata"].get("namespace", ""))] = granted
     bindings = by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
     assert len(bindings) == len(roles)
-    if merged["operator"]["watchAllNamespaces"]:
-        assert [r["kind"] for r in roles] == ["ClusterRole"]
+    operator = merged["operator"]
+    if operator["watchAllNamespaces"]:
+        # Everything cluster-wide but Secrets, which only the run namespaces' Roles grant.
+        assert granted_by.pop(("ClusterRole", "")) == expected
+        assert granted_by == {("Role", ns): secrets for ns in operator["runNamespaces"]}
     else:
-        assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(
-            merged["operator"]["watchNamespaces"]
-        )
+        assert granted_by == {("Role", ns): expected | secrets for ns in operator["watchNamespaces"]}
 
 
 BAD_VALUES = [
@@ -193,4 +193,11 @@ def test_plain_install_manifest_is_valid_and_complete():
         for version in K8S_VERSIONS:
             kubernetes_validate.utils.validate(obj, version, strict=True)
     rbac = [doc for doc in yaml.safe_load_all((REPO / "operator" / "rbac.yaml").read_text()) if doc]
-    assert [o["kind"] for o in rbac] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    assert sorted(o["kind"] for o in rbac) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
+    assert [o["metadata"].get("namespace") for o in rbac if o["kind"].startswith("Role")] == ["default"] * 2

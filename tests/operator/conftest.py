@@ -19,6 +19,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,14 @@ def allow_runs_in(cluster, namespace: str) -> None:
     """What an admin does for a new team namespace: adds it to the chart's runNamespaces."""
     RUN_NAMESPACES.append(namespace)
     cluster.helm(
-        "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
-        "--set-json", f"operator.runNamespaces={json.dumps(RUN_NAMESPACES)}",
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--reuse-values",
+        "--set-json",
+        f"operator.runNamespaces={json.dumps(RUN_NAMESPACES)}",
     )
 
 
@@ -230,6 +237,18 @@ async def orchestrator_stub():
     await server.stop(grace=None)
 
 
+@dataclass
+class RunningOperator:
+    options: Any
+    stop_flag: threading.Event
+    thread: threading.Thread
+
+    async def stop(self) -> None:
+        self.stop_flag.set()
+        await asyncio.to_thread(self.thread.join, 30)
+        assert not self.thread.is_alive(), "kopf did not stop"
+
+
 def operator_login(cluster, kubeconfig: Path) -> Callable[[], Any]:
     import kopf
 
@@ -242,9 +261,9 @@ def operator_login(cluster, kubeconfig: Path) -> Callable[[], Any]:
 
 
 @pytest.fixture
-async def run_operator(cluster, operator_kubeconfig, token_key, namespace):
+async def run_operator(cluster, operator_kubeconfig, token_key, request):
     """Starts the real kopf operator (our registry and settings) in a thread, as the chart's
-    ServiceAccount, watching the test's namespace.
+    ServiceAccount, watching the test's namespace (or those of `watch=[...]`).
 
     kopf runs in a thread with its own event loop: on exit it cancels every task created after
     its start in its loop, which would include the test's own fixture teardown."""
@@ -255,9 +274,10 @@ async def run_operator(cluster, operator_kubeconfig, token_key, namespace):
     from rlrun.operator.handlers import OperatorOptions, build_registry, configure_settings
     from rlrun.operator.reconcile import Defaults
 
-    running: list[tuple[threading.Event, threading.Thread]] = []
+    running: list[RunningOperator] = []
 
-    async def start(**overrides: Any) -> OperatorOptions:
+    async def start(**overrides: Any) -> RunningOperator:
+        watch = overrides.pop("watch", None) or [request.getfixturevalue("namespace")]
         defaults = overrides.pop("defaults", None) or Defaults()
         options = OperatorOptions(
             defaults=dataclasses.replace(defaults, token_key=token_key),
@@ -274,7 +294,7 @@ async def run_operator(cluster, operator_kubeconfig, token_key, namespace):
             kwargs=dict(
                 registry=build_registry(options),
                 settings=settings,
-                namespaces=[namespace],
+                namespaces=watch,
                 standalone=True,
                 stop_flag=stop,
                 ready_flag=ready,
@@ -283,13 +303,11 @@ async def run_operator(cluster, operator_kubeconfig, token_key, namespace):
             daemon=True,
         )
         thread.start()
-        running.append((stop, thread))
+        operator = RunningOperator(options, stop, thread)
+        running.append(operator)
         assert await asyncio.to_thread(ready.wait, 30), "kopf did not start"
-        return options
+        return operator
 
     yield start
-    for stop, _ in running:
-        stop.set()
-    for _, thread in running:
-        await asyncio.to_thread(thread.join, 30)
-        assert not thread.is_alive(), "kopf did not stop"
+    for operator in running:
+        await operator.stop()

@@ -10,108 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 
 from rlrun.v1 import orchestrator_pb2
 
-from .conftest import load_sample
-
-SAMPLE = load_sample()
-NAME = SAMPLE["metadata"]["name"]
-RLRUN = ("rlrun.dev/v1alpha1", "RLRun")
-WORKLOADS = {
-    ("apps/v1", "StatefulSet", f"{NAME}-inference"),
-    ("apps/v1", "StatefulSet", f"{NAME}-trainer"),
-    ("apps/v1", "Deployment", f"{NAME}-orchestrator"),
-    ("apps/v1", "Deployment", f"{NAME}-env-reverse-text"),
-}
-KEPT = {
-    ("v1", "ConfigMap", f"{NAME}-config"),
-    ("v1", "PersistentVolumeClaim", f"{NAME}-checkpoints"),
-    ("v1", "Service", f"{NAME}-inference"),
-    ("v1", "Service", f"{NAME}-trainer"),
-    ("v1", "Service", f"{NAME}-orchestrator"),
-    ("v1", "Service", f"{NAME}-env-reverse-text"),
-}
-KINDS = (
-    ("v1", "ConfigMap"),
-    ("v1", "Service"),
-    ("v1", "PersistentVolumeClaim"),
-    ("apps/v1", "StatefulSet"),
-    ("apps/v1", "Deployment"),
+from .runs import (
+    KEPT,
+    NAME,
+    RLRUN,
+    SAMPLE,
+    WORKLOADS,
+    all_pods_ready,
+    call,
+    conditions,
+    events,
+    get_run,
+    has,
+    operator_calls,
+    phase_is,
+    pods,
+    present,
+    sample,
 )
-
-
-async def call(fn, *args):
-    return await asyncio.to_thread(fn, *args)
-
-
-def sample(namespace: str, **spec) -> dict:
-    run = copy.deepcopy(SAMPLE)
-    run["metadata"]["namespace"] = namespace
-    run["spec"].update(spec)
-    return run
-
-
-def present(kube, namespace: str) -> set[tuple[str, str, str]]:
-    """The run's children, through the API (blocking; run it in a thread)."""
-    found = set()
-    for api_version, kind in KINDS:
-        found |= {
-            (api_version, kind, o["metadata"]["name"])
-            for o in kube.list(api_version, kind, namespace, {"rlrun.dev/run": NAME})
-        }
-    return found
-
-
-def has(kube, namespace, expected):
-    return lambda: present(kube, namespace) == expected
-
-
-def get_run(kube, namespace):
-    return kube.get(*RLRUN, namespace, NAME)
-
-
-def phase_is(kube, namespace, phase):
-    def check():
-        run = get_run(kube, namespace)
-        return (run or {}).get("status", {}).get("phase") == phase and run
-
-    return check
-
-
-def conditions(run):
-    return {c["type"]: c["status"] for c in run["status"]["conditions"]}
-
-
-def events(kube, namespace) -> list[dict]:
-    return kube.list("v1", "Event", namespace, {}, fields={"involvedObject.kind": "RLRun"})
-
-
-def pods(kube, namespace) -> list[dict]:
-    return kube.list("v1", "Pod", namespace, {"rlrun.dev/run": NAME})
-
-
-def all_pods_ready(kube, namespace, count):
-    def check():
-        found = pods(kube, namespace)
-        ready = [
-            p
-            for p in found
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-        ]
-        return len(found) == count and len(ready) == count and found
-
-    return check
-
-
-def operator_calls(cluster, user: str, resource: str) -> list[tuple[str, str]]:
-    """(verb, name) of every request the operator's ServiceAccount made on `resource`."""
-    return [
-        (e["verb"], (e.get("objectRef") or {}).get("name", ""))
-        for e in cluster.audit_events()
-        if e["user"]["username"] == user and (e.get("objectRef") or {}).get("resource") == resource
-    ]
 
 
 async def test_operator_end_to_end(

@@ -22,7 +22,7 @@ from rlrun.common.config import resolve_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.operator.auth import run_credentials
-from rlrun.operator.rbac import REQUIRED_RULES, permission_set
+from rlrun.operator.rbac import REQUIRED_RULES, SECRET_RULES, permission_set
 from rlrun.operator.reconcile import AUTH_HASH_ANNOTATION, Defaults, desired_state
 
 from .test_reconcile import K8S_VERSIONS, container, make_run, objects, pod
@@ -179,7 +179,9 @@ def test_each_run_gets_its_own_credentials_derived_from_the_operator_key():
 
 
 def test_the_operator_may_not_read_secrets():
-    granted = permission_set(REQUIRED_RULES)
+    # Secrets are granted apart (only in the run namespaces), and never to read.
+    assert not [p for p in permission_set(REQUIRED_RULES) if p[1] == "secrets"]
+    granted = permission_set(SECRET_RULES)
     assert {(g, r, v) for g, r, v in granted if r == "secrets"} == {
         ("", "secrets", "create"),
         ("", "secrets", "patch"),

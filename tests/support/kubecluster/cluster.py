@@ -102,7 +102,9 @@ class Cluster:
         kueue = Kueue(self.workdir, self.kubeconfig, self.control_plane.authority)
         self.apply(kueue.crds)
         for crd in kueue.crds:
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+            self.kubectl(
+                "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
+            )
         process = kueue.start()
         self.processes.append(process)
         wait_for(lambda: _http_ok(kueue.ready_url), 120, "Kueue /readyz", process)

@@ -36,6 +36,7 @@ class NodePool:
         capacity = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods)}
         labels = {
             "kubernetes.io/hostname": name,
+            "topology.kubernetes.io/zone": f"zone-{'ab'[index % 2]}",
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
             "type": "kwok",
@@ -56,8 +57,20 @@ class NodePool:
         }
 
 
-GPU_POOL = NodePool("gpu-node", count=4, gpus=8, labels={"node.kubernetes.io/instance-type": "gpu-8x"})
-CPU_POOL = NodePool("cpu-node", count=2, labels={"node.kubernetes.io/instance-type": "cpu-64"})
+GPU_POOL = NodePool(
+    "gpu-node",
+    count=4,
+    gpus=8,
+    cpu="192",
+    memory="2Ti",
+    labels={
+        "node.kubernetes.io/instance-type": "a3-highgpu-8g",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.memory": "81559",
+    },
+)
+"""Four 8-GPU H100 nodes, in two zones (`NodePool.node` spreads them)."""
+CPU_POOL = NodePool("cpu-node", count=2, labels={"node.kubernetes.io/instance-type": "n2-standard-64"})
 
 
 def start_kwok(kubeconfig: Path, logs: Path) -> Process:
@@ -72,6 +85,8 @@ def start_kwok(kubeconfig: Path, logs: Path) -> Process:
             f"--config={stages}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            # A test may write a pod's status itself, as a kubelet would (restarts, a crash loop).
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
             # Pod IPs from a range no real interface has: a kwok pod answers nothing.
             "--cidr=10.250.0.1/16",
             "--node-ip=10.250.0.1",

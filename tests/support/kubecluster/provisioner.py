@@ -1,6 +1,7 @@
-"""A dynamic volume provisioner for the test cluster's default StorageClass, as
-rancher's local-path-provisioner is for kind: a claim of that class gets a hostPath
-PersistentVolume under the cluster's folder, and a released volume is deleted with its folder.
+"""A dynamic volume provisioner for the test cluster, as rancher's local-path-provisioner is for
+kind: a claim of a StorageClass whose provisioner is PROVISIONER (the default class `standard`,
+or one a test creates, such as a sample's `shared-nfs`) gets a hostPath PersistentVolume under
+the cluster's folder, and a released volume is deleted with its folder.
 
 It only creates and deletes PersistentVolumes, like any external provisioner; binding a claim
 to its volume, `Bound`/`Released` and the `pvc-protection` finalizers are the real
@@ -20,14 +21,12 @@ PROVISIONER = "rlrun.dev/test-local-path"
 STORAGE_CLASS = "standard"
 
 
-def storage_class() -> dict[str, Any]:
+def storage_class(name: str = STORAGE_CLASS, default: bool = True) -> dict[str, Any]:
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
     return {
         "apiVersion": "storage.k8s.io/v1",
         "kind": "StorageClass",
-        "metadata": {
-            "name": STORAGE_CLASS,
-            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
-        },
+        "metadata": {"name": name, "annotations": annotations},
         "provisioner": PROVISIONER,
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "Immediate",
@@ -39,6 +38,7 @@ class Provisioner:
         import kubernetes
 
         self.core = kubernetes.client.CoreV1Api(api_client)
+        self.storage = kubernetes.client.StorageV1Api(api_client)
         self.root = root
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -67,10 +67,11 @@ class Provisioner:
         import kubernetes
 
         volumes = {pv.metadata.name: pv for pv in self.core.list_persistent_volume().items}
+        classes = {c.metadata.name: c.provisioner for c in self.storage.list_storage_class().items}
         for claim in self.core.list_persistent_volume_claim_for_all_namespaces().items:
             if claim.status.phase != "Pending" or claim.metadata.deletion_timestamp:
                 continue
-            if (claim.spec.storage_class_name or "") != STORAGE_CLASS:
+            if classes.get(claim.spec.storage_class_name or "") != PROVISIONER:
                 continue
             name = f"pvc-{claim.metadata.uid}"
             if name in volumes:
@@ -86,7 +87,7 @@ class Provisioner:
                     "capacity": {"storage": claim.spec.resources.requests["storage"]},
                     "accessModes": list(claim.spec.access_modes),
                     "persistentVolumeReclaimPolicy": "Delete",
-                    "storageClassName": STORAGE_CLASS,
+                    "storageClassName": claim.spec.storage_class_name,
                     "volumeMode": claim.spec.volume_mode or "Filesystem",
                     "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
                     "claimRef": {
