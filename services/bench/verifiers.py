@@ -11,7 +11,9 @@ checkout, as `make bench` does.
    calls) and one env-server per env; steps of 16 groups x 8 rollouts (RunGroup, all in
    flight at once, the plan the orchestrator sends) alternate between the two; medians.
    `env_server_step_ratio` = verifiers / native; `overhead_per_rollout_ms` is the difference
-   per rollout.
+   per rollout. Also the CPU time per rollout of each env-server (its worker processes) and of
+   the inference replica (its engine process) during each kind's steps: what the rollouts cost,
+   whatever else the machine runs.
 2. RL step: `rlrun local` on the run file, once with each env, without warm start or eval;
    `rl_step_ratio` = the verifiers run's median RL step time / the native run's (target <= 1.5).
 
@@ -31,7 +33,7 @@ import grpc
 
 from rlrun.bench import emit_result, stage
 from rlrun.bench.local_runs import run_local, timing_overrides
-from rlrun.bench.services import free_port, served
+from rlrun.bench.services import free_port, start_service, stop_service
 from rlrun.common.config import POLICY, load_config
 from rlrun.common.wire import plan_to_proto
 from rlrun.orchestrator.run.plan import compile_plan, sampling_params, with_chat_format
@@ -64,15 +66,39 @@ async def _plan(inference: str, http: str) -> plan_pb2.GenerationPlan:
     return with_chat_format(plan, status.tokenizer, [inference])
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process and its children alive now have used (from
+    /proc: an env-server's work is in its worker processes, an inference replica's in its
+    engine process). Unlike wall time, it does not grow with what else the machine runs."""
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def stat(name: str) -> list[str] | None:
+        try:
+            return Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            return None
+
+    total = 0.0
+    for name in os.listdir("/proc"):
+        fields = stat(name) if name.isdigit() else None
+        if fields is not None and (int(name) == pid or int(fields[1]) == pid):
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 async def env_server_steps(steps: int, log_dir: Path) -> dict:
     os.environ.update(_environ())  # the env-servers this starts import the verifiers env
     key = load_config(CONFIG).orchestrator.train.env[0].key
     http = free_port()
-    async with (
-        served("inference", CONFIG, log_dir, "--http-port", str(http)) as inference,
-        served("env-server", CONFIG, log_dir / "vf") as vf_address,
-        served("env-server", CONFIG, log_dir / "native", overrides=NATIVE) as native_address,
-    ):
+    started = []
+    try:
+        for service, logs, args, overrides in (
+            ("inference", log_dir, ("--http-port", str(http)), ()),
+            ("env-server", log_dir / "vf", (), ()),
+            ("env-server", log_dir / "native", (), NATIVE),
+        ):
+            started.append(await start_service(service, CONFIG, logs, *args, overrides=overrides))
+        (inference_process, inference), (vf_process, vf_address), (native_process, native_address) = started
         plan = await _plan(inference, f"http://127.0.0.1:{http}")
         async with (
             grpc.aio.insecure_channel(vf_address) as vf_channel,
@@ -82,9 +108,12 @@ async def env_server_steps(steps: int, log_dir: Path) -> dict:
                 "verifiers": env_pb2_grpc.EnvServiceStub(vf_channel),
                 "native": env_pb2_grpc.EnvServiceStub(native_channel),
             }
+            processes = {"verifiers": vf_process.pid, "native": native_process.pid}
 
-            async def step(kind: str, first: int) -> float:
-                started = time.perf_counter()
+            async def step(kind: str, first: int) -> tuple[float, float, float]:
+                """Wall seconds, and CPU seconds of the env-server and of inference."""
+                cpu = cpu_seconds(processes[kind]), cpu_seconds(inference_process.pid)
+                began = time.perf_counter()
                 replies = await asyncio.gather(
                     *(
                         stubs[kind].RunGroup(
@@ -99,26 +128,39 @@ async def env_server_steps(steps: int, log_dir: Path) -> dict:
                         for g in range(GROUPS)
                     )
                 )
-                seconds = time.perf_counter() - started
+                wall = time.perf_counter() - began
                 errors = [e for r in replies for t in r.traces for e in t.errors]
                 if errors:
                     raise RuntimeError(f"the {kind} env-server's rollouts failed: {errors[0]}")
-                return seconds
+                env_cpu = cpu_seconds(processes[kind]) - cpu[0]
+                return wall, env_cpu, cpu_seconds(inference_process.pid) - cpu[1]
 
-            times: dict[str, list[float]] = {"verifiers": [], "native": []}
+            times: dict[str, list[tuple[float, float, float]]] = {"verifiers": [], "native": []}
             for number in range(-1, steps):  # one warm-up step of each
                 stage(f"env-server step {number + 1} of {steps} (+1 warm-up), each env")
                 for kind in times:
-                    seconds = await step(kind, (number + 1) * GROUPS)
+                    measured = await step(kind, (number + 1) * GROUPS)
                     if number >= 0:
-                        times[kind].append(seconds)
-    vf, native = statistics.median(times["verifiers"]), statistics.median(times["native"])
+                        times[kind].append(measured)
+    finally:
+        for process, _ in reversed(started):
+            await stop_service(process)
+    rollouts = GROUPS * GROUP_SIZE
+
+    def median(kind: str, column: int) -> float:
+        return statistics.median(row[column] for row in times[kind])
+
+    vf, native = median("verifiers", 0), median("native", 0)
     return {
-        "env_server_rollouts_per_step": GROUPS * GROUP_SIZE,
+        "env_server_rollouts_per_step": rollouts,
         "env_server_native_step_ms": native * 1e3,
         "env_server_verifiers_step_ms": vf * 1e3,
         "env_server_step_ratio": vf / native,
-        "overhead_per_rollout_ms": (vf - native) * 1e3 / (GROUPS * GROUP_SIZE),
+        "overhead_per_rollout_ms": (vf - native) * 1e3 / rollouts,
+        "native_env_server_cpu_ms_per_rollout": median("native", 1) * 1e3 / rollouts,
+        "verifiers_env_server_cpu_ms_per_rollout": median("verifiers", 1) * 1e3 / rollouts,
+        "native_inference_cpu_ms_per_rollout": median("native", 2) * 1e3 / rollouts,
+        "verifiers_inference_cpu_ms_per_rollout": median("verifiers", 2) * 1e3 / rollouts,
     }
 
 
@@ -153,6 +195,12 @@ def main(args: argparse.Namespace) -> int:
         f"  vf:vf_reverse_text:    {result['env_server_verifiers_step_ms']:9.1f} ms "
         f"({result['env_server_step_ratio']:.2f}x; {result['overhead_per_rollout_ms']:.2f} ms more per "
         f"rollout of {rollouts})"
+    )
+    print(
+        "  CPU per rollout, env-server (its workers) / inference (its engine): native "
+        f"{result['native_env_server_cpu_ms_per_rollout']:.2f} / {result['native_inference_cpu_ms_per_rollout']:.2f} ms, "
+        f"verifiers {result['verifiers_env_server_cpu_ms_per_rollout']:.2f} / "
+        f"{result['verifiers_inference_cpu_ms_per_rollout']:.2f} ms"
     )
     print(f"rlrun local RL step ({result['rl_batch']}), median of {result['rl_steps']}:")
     print(

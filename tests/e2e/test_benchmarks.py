@@ -107,6 +107,9 @@ def check_verifiers(last: dict, result: subprocess.CompletedProcess) -> None:
         (last["env_server_verifiers_step_ms"] - last["env_server_native_step_ms"])
         / last["env_server_rollouts_per_step"]
     )
+    for kind in ("native", "verifiers"):
+        assert last[f"{kind}_env_server_cpu_ms_per_rollout"] > 0, kind
+        assert last[f"{kind}_inference_cpu_ms_per_rollout"] > 0, kind
 
 
 GPU_FIGURES = {

@@ -13,7 +13,10 @@ def http_client() -> httpx.AsyncClient:
     `http_client` builds an httpx client, and with it an SSL context: tens of ms of CPU on the
     event loop that runs every other rollout, the interception server included. With 128
     rollouts in flight that took most of a step, and connections timed out."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
+    # No timeouts of its own: the endpoint is in this process, and a rollout's deadline is
+    # verifiers' (its episode timeout) and rlrun's (orchestrator.rollout_timeout_s). A connect
+    # timeout only failed rollouts whose worker was busy with the others.
+    return httpx.AsyncClient(timeout=None)
 
 
 class ChatHarnessConfig(vf.HarnessConfig):
