@@ -5,18 +5,19 @@ valid one); all findings are reported together.
 
 What is checked, by the service that would fail without it (a `Scope` says which services an
 entry point starts and whether this machine is where they run):
+- every service (on this machine): the model and tokenizer files exist;
 - orchestrator: every algorithm id the run uses is builtin (its `algorithm_args` table
   validates) or may be owned by an env; a table for an algorithm the run does not use is an
-  error; external env entries (with `address`) carry none of the keys that configure an
-  env-server rlrun starts. The model's config file exists (the filters read its vocab size).
+  error;
+- the user's file as written: external env entries (with `address`) carry none of the keys
+  that configure an env-server rlrun starts;
 - env-server: the env ids of the env-servers rlrun starts resolve, their `args` bind to the
   env's constructor, and (on this machine) the env builds (a dataset env reads its file, so a
-  column its templates name that the file lacks is found here), an env that owns no
-  algorithms is not asked for one, and the tokenizer encodes every prompt (and system
-  message) of the first `PROMPT_CHECK_TASKS` tasks of each split.
-- inference and trainer: the model and tokenizer files exist, the configured torch devices
-  exist, and the ports the config sets (`inference.http_port`, `trainer.broadcast.nccl_port`)
-  are free.
+  column its templates name that the file lacks is found here), an algorithm id the run asks
+  of it is builtin or its own, and the tokenizer encodes every prompt (and system message) of
+  the first `PROMPT_CHECK_TASKS` tasks of each split;
+- inference and trainer: the configured torch devices exist, and the ports the config sets
+  (`inference.http_port`, `trainer.broadcast.nccl_port`) are free.
 
 `rlrun serve` binds its own ports (`--port`, `--metrics-port`, `--http-port`) before anything
 else and says which one is taken, so its scope leaves ports out. The operator's render runs
@@ -83,10 +84,11 @@ class Scope:
 class Findings:
     errors: list[ConfigError] = field(default_factory=list)
 
-    def check(self, run: Callable[[], Any]) -> Any:
-        """Runs one check; a ConfigError it raises is a finding, and None is returned."""
+    def check(self, run: Callable[..., Any], *args: Any) -> Any:
+        """Runs one check, `run(*args)`; a ConfigError it raises is a finding, and None is
+        returned."""
         try:
-            return run()
+            return run(*args)
         except ConfigError as error:
             self.errors.append(error)
             return None
@@ -115,44 +117,38 @@ def used_algorithms(orch: OrchestratorConfig) -> dict[str, str]:
     return used
 
 
-def check_algorithms(orch: OrchestratorConfig) -> None:
+def _algorithm_checks(orch: OrchestratorConfig, findings: Findings) -> None:
     """Builtin ids' args validate; tables of algorithms the run does not use are errors."""
-    findings = Findings()
-    for check in _algorithm_checks(orch):
-        findings.check(check)
-    findings.raise_any()
-
-
-def _algorithm_checks(orch: OrchestratorConfig) -> Iterator[Callable[[], None]]:
-    from rlrun.orchestrator.credit.algorithms import builtin, builtin_names
+    from rlrun.orchestrator.credit.algorithms import builtin
 
     used = used_algorithms(orch)
     for name in orch.algorithm_args:
         if name not in used:
-
-            def unused(name: str = name) -> None:
-                hint = did_you_mean(name, used) or did_you_mean(name, builtin_names())
-                raise ConfigError(
-                    f"orchestrator.algorithm_args.{name}",
-                    f"a table for algorithm {name!r}, which the run does not use{hint} "
-                    f"(it uses: {', '.join(sorted(used))}); remove the table or add {name!r} to the algorithms",
-                )
-
-            yield unused
+            findings.check(_unused_table, name, used)
     for name in used:
         cls = builtin(name)
-        if cls is None:
-            continue  # an env's own algorithm: the env checks check what they can
+        if cls is not None:  # else an env's own algorithm: the env checks check what they can
+            findings.check(_algorithm_args, name, cls, orch.algorithm_args.get(name, {}))
 
-        def args(name: str = name, cls: Any = cls) -> None:
-            try:
-                cls.Args.model_validate(orch.algorithm_args.get(name, {}))
-            except ValueError as error:
-                raise ConfigError(
-                    f"orchestrator.algorithm_args.{name}", describe_validation_error(error, cls.Args)
-                ) from None
 
-        yield args
+def _unused_table(name: str, used: dict[str, str]) -> None:
+    from rlrun.orchestrator.credit.algorithms import builtin_names
+
+    hint = did_you_mean(name, used) or did_you_mean(name, builtin_names())
+    raise ConfigError(
+        f"orchestrator.algorithm_args.{name}",
+        f"a table for algorithm {name!r}, which the run does not use{hint} "
+        f"(it uses: {', '.join(sorted(used))}); remove the table or add {name!r} to the algorithms",
+    )
+
+
+def _algorithm_args(name: str, cls: Any, args: dict[str, Any]) -> None:
+    try:
+        cls.Args.model_validate(args)
+    except ValueError as error:
+        raise ConfigError(
+            f"orchestrator.algorithm_args.{name}", describe_validation_error(error, cls.Args)
+        ) from None
 
 
 # -- files, devices, ports --------------------------------------------------------------------
@@ -163,14 +159,14 @@ def _check_file(key: str, path: Path | None) -> None:
         raise ConfigError(key, f"{path} does not exist")
 
 
-def _model_files(config: RunConfig) -> Iterator[Callable[[], None]]:
+def _model_files(config: RunConfig, findings: Findings) -> None:
     model = config.model
     if model.path is not None:
-        yield lambda: _check_file("model.path", model.path)
-        yield lambda: _check_file("model.path", model.path / "config.json")  # type: ignore[operator]
+        findings.check(_check_file, "model.path", model.path)
+        findings.check(_check_file, "model.path", model.path / "config.json")
     else:
-        yield lambda: _check_file("model.config", model.config)
-    yield lambda: _check_file("model.tokenizer", model.tokenizer)
+        findings.check(_check_file, "model.config", model.config)
+    findings.check(_check_file, "model.tokenizer", model.tokenizer)
 
 
 def _check_device(key: str, device: str) -> None:
@@ -207,15 +203,15 @@ def check_port(key: str, host: str, port: int) -> None:
         )
 
 
-def _ports(config: RunConfig, services: frozenset[str]) -> Iterator[Callable[[], None]]:
+def _ports(config: RunConfig, services: frozenset[str], findings: Findings) -> None:
     if "inference" in services and config.inference.http_port:
-        yield lambda: check_port("inference.http_port", "127.0.0.1", config.inference.http_port)  # type: ignore[arg-type]
+        findings.check(check_port, "inference.http_port", "127.0.0.1", config.inference.http_port)
     broadcast = config.trainer.broadcast
     nccl = broadcast.transport == "nccl" or (
         broadcast.transport == "auto" and config.trainer.device.startswith("cuda")
     )
     if "trainer" in services and broadcast.nccl_port and nccl:
-        yield lambda: check_port("trainer.broadcast.nccl_port", "127.0.0.1", broadcast.nccl_port)
+        findings.check(check_port, "trainer.broadcast.nccl_port", "127.0.0.1", broadcast.nccl_port)
 
 
 # -- environments -----------------------------------------------------------------------------
@@ -320,26 +316,22 @@ def _check_prompts(key: str, env: EnvConfig, instance: Any, tokenizer: Any, conf
 
 
 def _env_checks(config: RunConfig, scope: Scope, findings: Findings) -> None:
-    tokenizer = findings.check(lambda: _load_tokenizer(config)) if scope.machine else None
+    tokenizer = findings.check(_load_tokenizer, config) if scope.machine else None
     for key, env in env_entries(config, scope.env_keys):
         before = len(findings.errors)
-        cls = findings.check(lambda key=key, env=env: _env_class(key, env, scope.machine))
+        cls = findings.check(_env_class, key, env, scope.machine)
         if cls is None:
             continue
-        findings.check(lambda key=key, env=env, cls=cls: _bind_args(key, env, cls))
+        findings.check(_bind_args, key, env, cls)
         if not scope.machine or len(findings.errors) > before:
             continue
-        instance = findings.check(lambda key=key, env=env: _build(key, env))
+        instance = findings.check(_build, key, env)
         if instance is None:
             continue
         if key.startswith("orchestrator.train."):
-            findings.check(
-                lambda key=key, env=env, i=instance: _check_owned_algorithms(key, env, i, config.orchestrator)
-            )
+            findings.check(_check_owned_algorithms, key, env, instance, config.orchestrator)
         if tokenizer is not None:
-            findings.check(
-                lambda key=key, env=env, i=instance: _check_prompts(key, env, i, tokenizer, config)
-            )
+            findings.check(_check_prompts, key, env, instance, tokenizer, config)
 
 
 def _load_tokenizer(config: RunConfig) -> Any:
@@ -362,18 +354,16 @@ def _load_tokenizer(config: RunConfig) -> Any:
 def _machine_checks(config: RunConfig, scope: Scope, findings: Findings) -> None:
     services = scope.services
     if scope.machine:
-        for check in _model_files(config):
-            findings.check(check)
+        _model_files(config, findings)
     if services & {"env-server"}:
         _env_checks(config, scope, findings)
     if scope.machine and scope.devices:
         if "trainer" in services:
-            findings.check(lambda: _check_device("trainer.device", config.trainer.device))
+            findings.check(_check_device, "trainer.device", config.trainer.device)
         if "inference" in services and config.inference.engine == "torch":
-            findings.check(lambda: _check_device("inference.device", config.inference.device))
+            findings.check(_check_device, "inference.device", config.inference.device)
     if scope.machine and scope.ports:
-        for check in _ports(config, services):
-            findings.check(check)
+        _ports(config, services, findings)
 
 
 def check_run(config: RunConfig, scope: Scope | None = None, *, devices: bool = True) -> None:
@@ -382,11 +372,10 @@ def check_run(config: RunConfig, scope: Scope | None = None, *, devices: bool = 
     scope = scope or Scope(devices=devices)
     findings = Findings()
     if "orchestrator" in scope.services:
-        for check in _algorithm_checks(config.orchestrator):
-            findings.check(check)
+        _algorithm_checks(config.orchestrator, findings)
     if scope.as_written:
         orch = config.orchestrator
-        findings.check(lambda: check_external_envs(orch.train.env, "orchestrator.train.env"))
-        findings.check(lambda: check_external_envs(orch.eval.env, "orchestrator.eval.env"))
+        findings.check(check_external_envs, orch.train.env, "orchestrator.train.env")
+        findings.check(check_external_envs, orch.eval.env, "orchestrator.eval.env")
     _machine_checks(config, scope, findings)
     findings.raise_any()

@@ -50,7 +50,9 @@ def check_inference(last: dict, result: subprocess.CompletedProcess) -> None:
     paired = zip(rounds["ratio_vs_limit"], rounds["limit_tok_s"], rounds["service_tok_s"], strict=True)
     for ratio, limit, served in paired:
         assert ratio == pytest.approx(served / limit, abs=0.002)
-    assert min(rounds["ratio_vs_limit"]) <= last["ratio_vs_limit_median_round"] <= max(rounds["ratio_vs_limit"])
+    assert (
+        min(rounds["ratio_vs_limit"]) <= last["ratio_vs_limit_median_round"] <= max(rounds["ratio_vs_limit"])
+    )
     larger = last["larger_model"]
     assert larger["weight_bytes"] > 10 * last["weight_bytes"]  # a larger model than the demo's
     assert larger["ratio_vs_limit"] > 0 and larger["weights_ratio_vs_raw"] > 0
@@ -90,7 +92,9 @@ def check_orchestrator(last: dict, result: subprocess.CompletedProcess) -> None:
 
 def check_async(last: dict, result: subprocess.CompletedProcess) -> None:
     assert last["speedup"] == pytest.approx(last["sync_step_ms"] / last["async_step_ms"])
-    assert last["bound"] == pytest.approx((last["gen_ms"] + last["train_ms"]) / max(last["gen_ms"], last["train_ms"]))
+    assert last["bound"] == pytest.approx(
+        (last["gen_ms"] + last["train_ms"]) / max(last["gen_ms"], last["train_ms"])
+    )
     assert last["ratio_vs_bound"] == pytest.approx(last["speedup"] / last["bound"])
 
 

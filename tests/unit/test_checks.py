@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlrun.checks import PROMPT_CHECK_TASKS, Scope, check_algorithms, check_run, used_algorithms
+from rlrun.checks import PROMPT_CHECK_TASKS, Scope, check_run, used_algorithms
 from rlrun.cli import main
 from rlrun.common.config import ConfigError, load_config
 from rlrun.common.tokenizer import load_tokenizer
@@ -60,7 +60,7 @@ def test_a_table_for_an_algorithm_the_run_does_not_use_is_named_with_the_nearest
         ConfigError,
         match=r"algorithm_args\.gpro: .*'gpro', which the run does not use \(did you mean grpo\?\)",
     ):
-        check_algorithms(run.orchestrator)
+        check_run(run, Scope.service("orchestrator"))
 
 
 def test_bad_args_of_a_builtin_algorithm_name_the_nearest_valid_one():
@@ -69,7 +69,7 @@ def test_bad_args_of_a_builtin_algorithm_name_the_nearest_valid_one():
         ConfigError,
         match=r"orchestrator\.algorithm_args\.grpo: std_normalise: unknown key \(did you mean std_normalize\?\)",
     ):
-        check_algorithms(run.orchestrator)
+        check_run(run, Scope.service("orchestrator"))
 
 
 def test_the_warm_start_algorithm_counts_as_used_only_with_a_warm_start():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -113,7 +114,7 @@ STARTED_SERVER_KEYS = ("args", "harness", "pool")
 """Keys of an env entry that configure the env-server rlrun starts for it."""
 
 
-def check_external_envs(entries: list[EnvConfig], where: str) -> None:
+def check_external_envs(entries: Sequence[EnvConfig], where: str) -> None:
     """An external entry (one with `address`, as the user's run file gives it) has no
     env-server that rlrun starts, so nothing could honour its `args`, `harness` or `pool`: a
     ConfigError names the key. Checked where the user's file is read (rlrun.checks), not in

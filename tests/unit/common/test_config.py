@@ -250,7 +250,10 @@ def test_check_config_exits_2_naming_the_key(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["orchestrator.batch_sise=3"], "orchestrator.batch_sise: unknown key (did you mean orchestrator.batch_size?)"),
+        (
+            ["orchestrator.batch_sise=3"],
+            "orchestrator.batch_sise: unknown key (did you mean orchestrator.batch_size?)",
+        ),
         (
             ["orchestrator.train.sampling.temprature=1.0"],
             "orchestrator.train.sampling.temprature: unknown key "
