@@ -208,6 +208,21 @@ def _refuse_hub_id(config: RunConfig, where: str) -> None:
         )
 
 
+def _place_model(spec: RLRunSpec, config: RunConfig, raw: dict[str, Any], where: str) -> None:
+    """The run file's `model.path` is where spec.model puts the weights; a path of the user's
+    own that no model source backs is refused (the pods would start with no model)."""
+    _refuse_hub_id(config, where)
+    if spec.model is not None:
+        _table(raw, "model")["path"] = spec.model.path
+    elif config.model.path is not None:
+        raise ConfigError(
+            f"{where}.model.path",
+            f"{config.model.path} is backed by no model source: set spec.model (a claim, a "
+            "huggingFace id, or image.path for weights baked into the images); spec.model sets "
+            "model.path itself",
+        )
+
+
 def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
     """Validates the user's config and renders the run file for the pods. Raises ConfigError
     (its path names `spec.config` / `spec.configSpec` and the key at fault)."""
@@ -226,9 +241,7 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
         if target.kind == "inference" and not target.addresses
     ]
 
-    _refuse_hub_id(config, where)
-    if spec.model is not None:
-        _table(raw, "model")["path"] = spec.model.path
+    _place_model(spec, config, raw, where)
 
     mount = spec.storage.mount_path if spec.storage else "/data"
     raw["output_dir"] = f"{mount.rstrip('/')}/{cluster.name}"

@@ -11,8 +11,8 @@
 - a liveness probe (`rlrun operator --liveness-port`); every pass is counted and timed in the
   operator's metrics (`rlrun.operator.metrics`), with each run's phase.
 
-`build_registry(options)` returns a fresh registry, so tests run the real handlers against an
-API emulator with a stand-in orchestrator.
+`build_registry(options)` returns a fresh registry, so tests run the real handlers against a
+real API server (tests/support/kubecluster) with a stand-in orchestrator.
 """
 
 from __future__ import annotations
@@ -203,6 +203,21 @@ def _admission(runtime: _Runtime, run: dict[str, Any], logger: logging.Logger) -
     return kueue.admission(workload, pods)
 
 
+def _release_gang(runtime: _Runtime, run: dict[str, Any], result: ApplyResult) -> None:
+    """Deletes the run's Kueue Workload once its pod group is no longer wanted (suspended,
+    finished, no queue any more). Kueue keeps a serving pod group's Workload, its quota and
+    the `kueue.x-k8s.io/managed` finalizer of every pod after the pods' StatefulSets and
+    Deployments are gone (seen with Kueue v0.17: the pods stay Terminating, the quota stays
+    reserved); deleting the Workload releases both."""
+    meta = run["metadata"]
+    group = pod_group_name(Cluster(meta["name"], meta["namespace"]))
+    try:
+        if runtime.kube.delete(*kueue.WORKLOAD_API, meta["namespace"], group):
+            result.deleted.append(f"Workload/{group}")
+    except KubeError as error:
+        result.failed.append(f"Workload/{group}: {error.message}")
+
+
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
     kube = runtime.kube
     meta = run["metadata"]
@@ -234,6 +249,7 @@ async def _sync(
         polled = True
         report, poll_error = await _report(runtime, run, state.spec)
         if report is not None and report.run_phase in TERMINAL:
+            finished = True
             state = desired_state(run, options.defaults, finished=True, gang_admitted=admitted)
 
     live: dict = {}
@@ -245,6 +261,10 @@ async def _sync(
             raise kopf.TemporaryError(
                 f"cannot reach the API: {error}", delay=options.status_interval_s
             ) from error
+        queued_before = any(c.get("type") == "Admitted" for c in previous.get("conditions") or [])
+        gang_wanted = bool(state.spec.queue_name) and not (state.spec.suspend or finished)
+        if (state.spec.queue_name or queued_before) and not gang_wanted:
+            await asyncio.to_thread(_release_gang, runtime, run, result)
         live = result.live
         if result.changed:
             summary = "; ".join(
@@ -339,6 +359,8 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
             secret = auth_secret_name(Cluster(meta["name"], meta["namespace"]))
             if await asyncio.to_thread(runtime.kube.delete, "v1", "Secret", meta["namespace"], secret):
                 result.deleted.append(f"Secret/{secret}")
+            if (body.get("spec") or {}).get("queueName"):
+                await asyncio.to_thread(_release_gang, runtime, _plain(body), result)
         runtime.runs.discard((meta.get("namespace"), meta.get("name")))
         options.metrics.forget(meta.get("namespace"), meta.get("name"))
         if result.deleted:

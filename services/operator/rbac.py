@@ -10,9 +10,11 @@ the rest of the cluster even when it watches every namespace."""
 from __future__ import annotations
 
 REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
-    # kopf watches RLRuns, patches its annotations/finalizer; the TTL deletes finished runs.
-    ("rlrun.dev", "rlruns", ("get", "list", "watch", "patch", "delete")),
-    ("rlrun.dev", "rlruns/status", ("get", "patch")),
+    # kopf lists and watches RLRuns and patches their annotations and finalizer; the TTL
+    # deletes finished runs; the status is written through its subresource. Nothing reads a run
+    # by name (no get: the audit log of a whole run's life has none).
+    ("rlrun.dev", "rlruns", ("list", "watch", "patch", "delete")),
+    ("rlrun.dev", "rlruns/status", ("patch",)),
     # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
     ("rlrun.dev", "rlruns/finalizers", ("update",)),
     # The run's children: server-side apply (get, then patch; create too when the apply
@@ -30,9 +32,10 @@ REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     # Kubernetes Events on phase and condition transitions (create); a Pending pod's Events
     # say why it does not start (list, read only).
     ("", "events", ("create", "list")),
-    # Read only: a queued run's Kueue Workload (named after its pod group) says whether Kueue
-    # admitted the gang, which the inference replicas wait for (rlrun.operator.kueue).
-    ("kueue.x-k8s.io", "workloads", ("get",)),
+    # A queued run's Kueue Workload (named after its pod group) says whether Kueue admitted the
+    # gang, which the inference replicas wait for (get); once the gang is no longer wanted it is
+    # deleted, since Kueue keeps a serving group's Workload and quota after its pods' owners go.
+    ("kueue.x-k8s.io", "workloads", ("get", "delete")),
 ]
 
 SECRET_RULES: list[tuple[str, str, tuple[str, ...]]] = [

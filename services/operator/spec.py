@@ -30,6 +30,7 @@ CONDITION_TYPES = (
     "InferenceReady",
     "EnvServersReady",
     "TrainerReady",
+    "Admitted",
     "Progressing",
     "Degraded",
     "Restarted",
@@ -432,17 +433,24 @@ class HubModel(_Model):
     Default: [ReadWriteMany]."""
 
 
+class ImageModel(_Model):
+    """A model baked into the inference and trainer images: nothing is mounted."""
+
+    path: str = Field(pattern=r"^/[^.]*$", max_length=1024)
+    """The checkpoint directory inside the images."""
+
+
 class ModelSource(_Model):
-    """Where the model comes from. Inference, model-server and trainer pods mount it read-only
-    at `mountPath`, and the run file's `model.path` points there. A model baked into the images
-    needs none of this: set `model.path` in the config to its directory in the image."""
+    """Where the model comes from: a claim or the Hugging Face Hub, which inference,
+    model-server and trainer pods mount read-only at `mountPath`, or the images themselves. The
+    run file's `model.path` points there; a `model.path` that none of these backs is refused."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "has(self.claim) != has(self.huggingFace)",
-                    "message": "set exactly one of claim and huggingFace",
+                    "rule": "[has(self.claim), has(self.huggingFace), has(self.image)].filter(x, x).size() == 1",
+                    "message": "set exactly one of claim, huggingFace and image",
                 }
             ]
         }
@@ -450,18 +458,25 @@ class ModelSource(_Model):
 
     claim: ModelClaim | None = None
     hugging_face: HubModel | None = None
+    image: ImageModel | None = None
     mount_path: str = Field("/models", pattern=r"^/[^.]*$", max_length=1024)
-    """Where the model is mounted. Default: /models."""
+    """Where the model is mounted (a claim or a Hub model). Default: /models."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        if (self.claim is None) == (self.hugging_face is None):
-            raise ValueError("set exactly one of claim and huggingFace")
+        if sum(source is not None for source in (self.claim, self.hugging_face, self.image)) != 1:
+            raise ValueError("set exactly one of claim, huggingFace and image")
         return self
+
+    @property
+    def mounted(self) -> bool:
+        return self.image is None
 
     @property
     def path(self) -> str:
         """The checkpoint directory in the pods (the run file's `model.path`)."""
+        if self.image is not None:
+            return self.image.path
         if self.hugging_face is not None:
             return f"{self.mount_path.rstrip('/')}/{self.hugging_face.id}"
         return self.mount_path
@@ -558,13 +573,13 @@ class RLRunSpec(_Model):
     """true deletes the run's pods and keeps its PVC, ConfigMap and Services."""
 
     queue_name: str | None = Field(None, max_length=63)
-    """Kueue LocalQueue. The run is admitted all or nothing: every pod of the run is one Kueue
-    pod group (label kueue.x-k8s.io/queue-name and pod-group-name, annotations
-    pod-group-total-count = all the run's pods and pod-group-serving: "true"); the StatefulSets
-    and Deployments carry no queue label. Needs Kueue v0.10.0 or later with the `pod`
-    integration enabled for the namespace. Without Kueue (or without the pod integration) the
-    keys are inert and the pods schedule one by one as usual. Changing the run's size changes
-    the total on every pod template, so every pod rolls; suspend, resize, resume instead."""
+    """Kueue LocalQueue. The pods whose count the run fixes (trainer nodes, orchestrator,
+    env-servers, model servers) are one Kueue pod group, admitted all or nothing; the inference
+    replicas wait at zero until it is admitted, then each is a Kueue Workload of its own, so
+    scaling inference restarts nothing (docs/kueue.md). Needs Kueue v0.10.0 or later with the
+    `pod` integration enabled for the namespace. Without Kueue the keys are inert and the pods
+    schedule as usual. Resizing the gang changes every gang pod template: suspend, resize,
+    resume instead."""
 
     ttl_seconds_after_finished: int | None = Field(None, ge=0)
     """Delete the RLRun this long after it succeeded or failed. Default: keep it."""

@@ -98,6 +98,18 @@ def describe(pod: dict) -> str:
     return f"{pod['metadata']['name']}{gone} {status.get('phase')} on {pod['spec'].get('nodeName')} {why}"
 
 
+def no_pods(kube, namespace, name: str = NAME):
+    def check():
+        found = pods(kube, namespace, name)
+        if found:
+            raise AssertionError(
+                "; ".join(f"{describe(p)} finalizers={p['metadata'].get('finalizers')}" for p in found)
+            )
+        return True
+
+    return check
+
+
 def all_pods_ready(kube, namespace, count, name: str = NAME):
     """A check that every one of `count` pods is Ready; until then it says what the pods are."""
 

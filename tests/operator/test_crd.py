@@ -94,6 +94,7 @@ def test_crd_shape():
         "InferenceReady",
         "EnvServersReady",
         "TrainerReady",
+        "Admitted",
         "Progressing",
         "Degraded",
         "Restarted",

@@ -61,10 +61,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "rlrun.rules" -}}
 - apiGroups: ["rlrun.dev"]
   resources: ["rlruns"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["list", "watch", "patch", "delete"]
 - apiGroups: ["rlrun.dev"]
   resources: ["rlruns/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["rlrun.dev"]
   resources: ["rlruns/finalizers"]
   verbs: ["update"]
@@ -88,7 +88,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: ["create", "list"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get"]
+  verbs: ["get", "delete"]
 {{- end -}}
 
 {{- /* Each run's generated Secret is written blind and deleted by name: no Secret is read. Granted

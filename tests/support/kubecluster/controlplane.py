@@ -4,7 +4,7 @@ kube-scheduler, built by `make k8s-tools` from k8s.io/kubernetes and go.etcd.io/
 Nothing is emulated. The API server authenticates by client certificate and service-account
 token, authorizes with Node and RBAC, and runs its default admission plugins plus
 ExtendedResourceToleration (a pod that asks for `nvidia.com/gpu` tolerates the GPU nodes'
-`nvidia.com/gpu` taint, as on managed GPU node pools). It writes an audit log of every request
+`nvidia.com/gpu` taint, as on managed GPU node pools) and OwnerReferencesPermissionEnforcement. It writes an audit log of every request
 (`audit.jsonl`), which is how the tests learn which API calls the operator makes. The
 controller-manager runs every default controller (garbage collector, Deployment, ReplicaSet,
 StatefulSet, ServiceAccount and token controllers, EndpointSlices, the PersistentVolume binder,
@@ -177,7 +177,9 @@ class ControlPlane:
                 f"--service-account-signing-key-file={service_accounts.key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=ExtendedResourceToleration",
+                # OwnerReferencesPermissionEnforcement, as hardened clusters (OpenShift) run it: an
+                # owner reference with blockOwnerDeletion needs `update` on the owner's finalizers.
+                "--enable-admission-plugins=ExtendedResourceToleration,OwnerReferencesPermissionEnforcement",
                 "--allow-privileged=true",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--audit-policy-file={policy}",
@@ -212,9 +214,11 @@ class ControlPlane:
                 f"--cluster-signing-key-file={self.authority.key}",
                 "--leader-elect=false",
                 # The garbage collector and the workload controllers react at once, as on a
-                # real cluster's default settings; only the node monitor is slowed to the
-                # heartbeat the simulated nodes keep.
-                "--node-monitor-grace-period=60s",
+                # real cluster's default settings; only the node monitor waits 2 min (default
+                # 50 s) for a node Lease renewal: kwok renews every 10 s, but on 2 cores shared
+                # with a test run a renewal can lag, and a node marked NotReady marks its pods
+                # not Ready, which kwok (unlike a kubelet) never sets back.
+                "--node-monitor-grace-period=2m",
                 "--v=1",
             ],
         )

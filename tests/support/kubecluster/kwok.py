@@ -16,6 +16,8 @@ from .processes import TOOLS, ClusterError, Process, free_port, tool
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPU = "nvidia.com/gpu"
+NODE_LEASE_S = 40
+"""A kubelet's default node lease; kwok renews it every quarter of that."""
 
 
 @dataclass(frozen=True)
@@ -73,17 +75,67 @@ GPU_POOL = NodePool(
 CPU_POOL = NodePool("cpu-node", count=2, labels={"node.kubernetes.io/instance-type": "n2-standard-64"})
 
 
+# What a kubelet does with a pod being deleted (since Kubernetes 1.27, KEP-3329): it stops the
+# containers and writes the pod's terminal phase before the pod object goes. kwok's own stages
+# skip that step; controllers that hold a finalizer until a pod is terminal (Kueue's
+# `kueue.x-k8s.io/managed`) would then keep deleted pods forever. The containers exit 0, as
+# rlrun's services do on SIGTERM.
+POD_TERMINATE = """
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-terminate
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.metadata.finalizers'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'NotIn'
+      values: ['Succeeded', 'Failed']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"""
+
+
 def start_kwok(kubeconfig: Path, logs: Path) -> Process:
     stages = TOOLS / "kwok" / "stages.yaml"
     if not stages.exists():
         raise ClusterError(f"{stages} is missing: run `make k8s-tools`")
+    config = logs.parent / "kwok-stages.yaml"
+    config.write_text(stages.read_text() + "\n---" + POD_TERMINATE)
     return Process(
         "kwok",
         [
             tool("kwok"),
             f"--kubeconfig={kubeconfig}",
-            f"--config={stages}",
+            f"--config={config}",
             "--manage-all-nodes=false",
+            # Heartbeats on a Lease, as a kubelet's (the stages update a node's status only every
+            # 10 min): without one, every node is NotReady after the node monitor's grace period,
+            # and the node controller marks every pod on it not Ready, which kwok never undoes.
+            f"--node-lease-duration-seconds={NODE_LEASE_S}",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
             # A test may write a pod's status itself, as a kubelet would (restarts, a crash loop).
             "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
