@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
+from rlrun.checks import Scope, check_run
 from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import ConfigError, load_config_with_warnings
-from rlrun.common.config.env import check_external_envs
 from rlrun.common.hub import resolve_hub_model
 
 SERVICES = {
@@ -33,6 +33,10 @@ BENCHMARKS = {
         "async (max_off_policy_steps=1) vs sync step time, against the bound",
     ),
     "stack": ("rlrun.bench.stack", "the rlrun local service stack vs the same RL loop in one process"),
+    "verifiers": (
+        "rlrun.bench.verifiers",
+        "a one-turn verifiers env's env-server and RL step vs the same task as a native env",
+    ),
     "gpu": (
         "rlrun.bench.gpu",
         "served engine, learner, weight sync and rlrun local on one GPU, each vs its baseline",
@@ -241,19 +245,17 @@ def load_run_config(path: Path, overrides: list[str]):
     return config
 
 
+def _invalid(error: ConfigError, command: str) -> int:
+    print(f"{command}: invalid config: {error}", file=sys.stderr)
+    return 2
+
+
 def _check_config(args: argparse.Namespace) -> int:
     try:
         config = load_run_config(args.config, args.overrides)
+        check_run(config, Scope(devices=not args.no_devices))
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
-    from rlrun.checks import check_run
-
-    try:
-        check_run(config, devices=not args.no_devices)
-    except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
+        return _invalid(error, "rlrun check-config")
     print(config.model_dump_json(indent=2))
     return 0
 
@@ -266,9 +268,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"rlrun: the {args.service} service is not available in this installation")
     try:
         config = resolve_hub_model(load_run_config(args.config, args.overrides))
+        check_run(config, Scope.service(args.service, getattr(args, "env_names", None)))
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
+        return _invalid(error, f"rlrun serve {args.service}")
     return _load_module(args.service_module, f"the {args.service} service").main(config, args)
 
 
@@ -280,14 +282,13 @@ def _local(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={json.dumps(str(args.output_dir))}")
     try:
         config = load_run_config(args.config, overrides)
-        check_external_envs(config.orchestrator.train.env)
         # A Hub model is downloaded here, once; the services look up the same commit in the cache.
         config = resolve_hub_model(config)
         if config.model.hub_id is not None:
             overrides.append(f"model.hub_revision={json.dumps(config.model.hub_revision)}")
+        check_run(config)
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
+        return _invalid(error, "rlrun local")
     launcher = _load_module("rlrun.local.launcher", "`rlrun local`")
     return launcher.run_local(
         config,
@@ -303,13 +304,17 @@ def _eval(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.num_tasks is not None:
         overrides.append(f"orchestrator.eval.num_tasks={args.num_tasks}")
+    runner = _load_module("rlrun.eval.runner", "`rlrun eval`")
     try:
         config = load_run_config(args.config, overrides)
-        check_external_envs(config.orchestrator.train.env)
+        served = config
+        if args.checkpoint is not None:  # the inference service it starts serves the checkpoint
+            model = config.model.model_copy(update={"path": runner.model_dir(args.checkpoint)})
+            served = config.model_copy(update={"model": model})
+        started = set(SERVICES) - {"trainer"} - (set() if args.checkpoint else {"inference"})
+        check_run(served, Scope(services=frozenset(started)))
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
-    runner = _load_module("rlrun.eval.runner", "`rlrun eval`")
+        return _invalid(error, "rlrun eval")
     name = args.checkpoint.resolve().name if args.checkpoint else "endpoint"
     request = runner.EvalRequest(
         config=config,

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from typing import Any, Generic, TypeVar, overload
 
+from rlrun.common.errors import did_you_mean
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -133,18 +135,28 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def resolve(self, ref: str) -> T:
         """A registered name, else an import path `package.module:attr` of an entry;
-        ValueError naming what is wrong."""
+        ValueError naming what is wrong, with the nearest valid name."""
         if ref in self:
             return self[ref]
-        if ":" not in ref:
+        module_name, sep, attr = ref.partition(":")
+        if not sep or not module_name or not attr:
             raise ValueError(
-                f"unknown {self.kind} {ref!r}; built-in ids are {self.names()}, "
+                f"unknown {self.kind} {ref!r}{did_you_mean(ref, self)}; built-in ids are {self.names()}, "
                 "or give an import path `package.module:Class`"
             )
         try:
-            entry = import_path(ref)
-        except ValueError as error:
-            raise ValueError(f"{self.kind} {ref!r}: {error}") from None
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(
+                f"{self.kind} {ref!r}: cannot import {module_name}: {error}; is the folder that holds "
+                "it on PYTHONPATH? (`rlrun local` passes PYTHONPATH on to every service)"
+            ) from None
+        if not hasattr(module, attr):
+            entries = [name for name, value in vars(module).items() if self.is_entry(value)]
+            raise ValueError(
+                f"{self.kind} {ref!r}: module {module_name} has no {attr!r}{did_you_mean(attr, entries)}"
+            )
+        entry = getattr(module, attr)
         if not self.is_entry(entry):
             raise ValueError(f"{self.kind} {ref!r} is not {self._what()}")
         return entry

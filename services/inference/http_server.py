@@ -1,6 +1,7 @@
 """Serves an ASGI app with uvicorn inside the service's own asyncio loop.
 
-The socket is bound before uvicorn starts, so the port (0 = OS-assigned) is known at once.
+The socket is bound by the caller before the service starts anything (and before uvicorn
+starts), so a taken port fails at once and the port (0 = OS-assigned) is known.
 uvicorn's own signal capture is turned off: the gRPC server owns SIGTERM and shuts this
 server down as part of the service's cleanup.
 
@@ -24,6 +25,8 @@ import uvicorn
 
 from rlrun.common.grpc_server import read_token_file
 
+KEEP_ALIVE_S = 65
+"""Seconds an idle keep-alive connection stays open on the server's side."""
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 """Paths served without the API key."""
 
@@ -90,11 +93,13 @@ class _QuietSignals(uvicorn.Server):
 
 
 class HttpServer:
+    """Serves `app` on `listener`, a socket bound by rlrun.common.ports.listen_socket (the
+    service binds its ports before it starts anything)."""
+
     def __init__(
         self,
         app,
-        host: str,
-        port: int,
+        listener: socket.socket,
         *,
         api_key: str | None = None,
         tls_cert: Path | None = None,
@@ -104,18 +109,19 @@ class HttpServer:
             raise ValueError("tls_cert and tls_key must be given together")
         if api_key is not None:
             app = ApiKeyMiddleware(app, api_key)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
-        self.host = host
-        self.port: int = self._socket.getsockname()[1]
+        self._socket = listener
+        self.host, self.port = listener.getsockname()[:2]
         self.scheme = "https" if tls_cert is not None else "http"
         config = uvicorn.Config(
             app,
             log_level="warning",
             lifespan="off",
             timeout_graceful_shutdown=2,
+            # Longer than a client pool keeps an idle connection (httpx: 5 s), so the client
+            # always closes it first: at uvicorn's 5 s both ends raced, and a request sent on a
+            # connection the server was closing failed ("Connection error" in verifiers' train
+            # client, a retried group).
+            timeout_keep_alive=KEEP_ALIVE_S,
             ssl_certfile=str(tls_cert) if tls_cert is not None else None,
             ssl_keyfile=str(tls_key) if tls_key is not None else None,
         )

@@ -358,7 +358,7 @@ def run_local(
     if resuming:
         print(f"rlrun local: {resuming}", file=sys.stderr)
 
-    bar = RunProgress(config, enabled=progress)
+    bar = RunProgress(config, enabled=progress, log=run.log_dir / "orchestrator.log")
     address = ""
     with interrupts_raise():
         try:
@@ -367,6 +367,10 @@ def run_local(
         except ChildFailed as error:
             bar.close()
             print(f"rlrun local: {error}", file=sys.stderr)
+            return 1
+        except TimeoutError as error:  # the orchestrator never became healthy
+            bar.close()
+            print(f"rlrun local: {error}; its log: {run.log_dir / 'orchestrator.log'}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             bar.close()

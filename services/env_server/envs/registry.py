@@ -35,12 +35,19 @@ def resolve(env_id: str) -> type[Environment]:
     return BUILTIN.resolve(env_id)
 
 
+def env_args(env_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the env's class is built with: the entry's `args` (and, for a
+    verifiers env, its taskset id as `env_name`)."""
+    if env_id.startswith(VERIFIERS):
+        return {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    return dict(args)
+
+
 def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None = None) -> Environment:
     """Builds the environment with the entry's `args` as keyword arguments; with `harness`
     (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
     cls = resolve(env_id)
-    if env_id.startswith(VERIFIERS):
-        args = {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    args = env_args(env_id, args)
     try:
         env = cls(**args)
     except TypeError as error:

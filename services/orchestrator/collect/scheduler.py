@@ -160,6 +160,9 @@ class GroupScheduler:
         self.dropped_stale += 1
         self._stale_in_a_row += 1
         metrics.GROUPS_DROPPED_STALE.labels(env=env).inc()
+        failures = self.targets[env].failures
+        if failures is not None:
+            failures.group_stale(env)
         log.info(
             "group %s dropped as stale: %s, batch trains at version %d (max_off_policy_steps %d)",
             group_id,

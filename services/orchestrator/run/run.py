@@ -135,7 +135,7 @@ class Run:
         )
         await wait_ready(addresses, self.options, self.orch.startup_timeout_s)
         connections = self.connections = Connections(self.config, self.options)
-        context = RunContext.build(self.config, connections, await connections.describe_envs())
+        context = RunContext.build(self.config, connections, await connections.describe_envs(), self.status)
         checkpointer = Checkpointer(connections.trainer, context, self.progress, self.outputs)
         evaluator = Evaluator(self.orch, context, self.progress, self.outputs, self.status, self._nonce)
 
