@@ -48,6 +48,8 @@ class GroupFailure:
     reason: str
     """The last failure, e.g. `RunGroup INTERNAL: KeyError: 'answer'`."""
     attempts: int
+    label: str
+    """The kind of failure, as `groups_failed_total` labels it (`internal`, `trace_errors`, ...)."""
 
 
 async def run_group(
@@ -134,4 +136,4 @@ def _dropped(
         reason,
     )
     metrics.GROUPS_FAILED.labels(env=target.env, reason=label).inc()
-    return GroupFailure(group_id, target.env, task, reason, attempts)
+    return GroupFailure(group_id, target.env, task, reason, attempts, label)

@@ -107,6 +107,12 @@ async def test_ready_groups_too_old_for_the_batch_are_dropped_and_counted(build)
     finally:
         await s.close()
     assert s.dropped_stale >= 2 and group.dispatch_version == 5 and group.policy_start == 5
+    counts, drops = s.take_drops()
+    assert counts == {"stale": s.dropped_stale} and len(drops) == s.dropped_stale
+    finished = [d for d in drops if d.traces]  # the ready ones come with their traces
+    assert finished and all(len(d.traces) == 2 and d.reason == "stale" for d in finished)
+    assert "rollouts from version 0, batch trains at version 5" in finished[0].detail
+    assert s.take_drops() == ({}, [])  # each drop is handed out once
 
 
 async def test_no_stale_drops_when_staleness_is_not_enforced(build):
@@ -134,6 +140,9 @@ async def test_a_sustained_failure_rate_ends_the_phase(build):
             await asyncio.wait_for(s.take(), 5)
     finally:
         await s.close()
+    counts, drops = s.take_drops()
+    assert counts == {"non_retryable_trace_errors": len(drops)} and len(drops) >= 2
+    assert all("HarnessError: boom" in d.detail and not d.traces for d in drops)
 
 
 async def test_close_cancels_in_flight_groups_on_the_env_server(build):
