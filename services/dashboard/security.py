@@ -22,7 +22,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qs
 
-OPEN_PATHS = frozenset({"/health", "/login", "/static/dashboard.css"})
+OPEN_PATHS = frozenset({"/health", "/login", "/static/dashboard.css", "/static/favicon.svg"})
 """Answered without the key: the probe of `rlrun local`, and the login page."""
 COOKIE = "rlrun_dashboard_session"
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
