@@ -176,6 +176,25 @@ def gpu_sample(namespace: str) -> dict:
     return run
 
 
+async def test_every_kwok_node_heartbeats_on_its_lease(cluster, eventually):
+    """As a kubelet does. Without it, every node went NotReady once the node monitor's grace
+    period (60 s) had passed, and the node controller marked every pod on it not Ready, which
+    kwok never undid: the runs of `rlrun bench operator-scale` never became ready."""
+    nodes = [n["metadata"]["name"] for n in (await asyncio.to_thread(cluster.get_json, "nodes"))["items"]]
+
+    def renewals() -> dict[str, str]:
+        leases = cluster.get_json("leases", "-n", "kube-node-lease")["items"]
+        return {lease["metadata"]["name"]: lease["spec"].get("renewTime") for lease in leases}
+
+    first = await asyncio.to_thread(renewals)
+    assert set(first) >= set(nodes), f"nodes without a Lease: {set(nodes) - set(first)}"
+    await eventually(
+        lambda: all(renewals()[node] > first[node] for node in nodes),
+        timeout=30,
+        message="every node's Lease renewed (kwok renews it every 10 s)",
+    )
+
+
 async def test_gpu_pods_land_on_gpu_nodes_and_cpu_pods_elsewhere(
     cluster, namespace, kube, run_operator, orchestrator_stub, eventually
 ):

@@ -214,11 +214,11 @@ class ControlPlane:
                 f"--cluster-signing-key-file={self.authority.key}",
                 "--leader-elect=false",
                 # The garbage collector and the workload controllers react at once, as on a
-                # real cluster's default settings; only the node monitor waits longer for a
-                # heartbeat: on 2 busy cores kwok's lease renewals can lag past the default 50 s,
-                # and a node marked NotReady marks its pods not Ready, which kwok (unlike a
-                # kubelet) never sets back.
-                "--node-monitor-grace-period=5m",
+                # real cluster's default settings; only the node monitor waits 2 min (default
+                # 50 s) for a node Lease renewal: kwok renews every 10 s, but on 2 cores shared
+                # with a test run a renewal can lag, and a node marked NotReady marks its pods
+                # not Ready, which kwok (unlike a kubelet) never sets back.
+                "--node-monitor-grace-period=2m",
                 "--v=1",
             ],
         )

@@ -16,6 +16,8 @@ from .processes import TOOLS, ClusterError, Process, free_port, tool
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPU = "nvidia.com/gpu"
+NODE_LEASE_S = 40
+"""A kubelet's default node lease; kwok renews it every quarter of that."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,10 @@ def start_kwok(kubeconfig: Path, logs: Path) -> Process:
             f"--kubeconfig={kubeconfig}",
             f"--config={config}",
             "--manage-all-nodes=false",
+            # Heartbeats on a Lease, as a kubelet's (the stages update a node's status only every
+            # 10 min): without one, every node is NotReady after the node monitor's grace period,
+            # and the node controller marks every pod on it not Ready, which kwok never undoes.
+            f"--node-lease-duration-seconds={NODE_LEASE_S}",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
             # A test may write a pod's status itself, as a kubelet would (restarts, a crash loop).
             "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
