@@ -45,6 +45,52 @@ def branch_advantage(trace: dict, index: int) -> tuple[float, bool]:
     return value, branch["mask"][index]
 
 
+def check_trace_files(out: Path, rows: list[dict], dumped: tuple[int, ...]) -> None:
+    """The trace files against what else the run wrote and a third-party tokenizer: their traces
+    are the rollout dumps' (same step, same id), their token texts Hugging Face's decoding of
+    each id, their dropped groups the metrics lines' counts."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "configs" / "tokenizer" / "lowercase")
+    for step in dumped:
+        dump = {
+            r["id"]: r
+            for r in map(json.loads, (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines())
+        }
+        groups = [
+            json.loads(line) for line in (out / "traces" / f"rl_step_{step}.jsonl").read_text().splitlines()
+        ]
+        trained = [g for g in groups if g["dropped"] is None]
+        assert len(trained) == 2 and all(len(g["traces"]) == 8 for g in trained)
+        for group in trained:
+            assert all(trace == dump[trace["id"]] for trace in group["traces"])
+            ids = {tok for t in group["traces"] for n in t["nodes"] for tok in n["tokenIds"]}
+            assert {int(k) for k in group["tokens"]} == ids
+            assert all(text == tokenizer.decode([int(k)]) for k, text in group["tokens"].items())
+    dropped = [
+        g
+        for f in sorted((out / "traces").glob("rl_step_*.jsonl"))
+        for g in map(json.loads, f.read_text().splitlines())
+        if g["dropped"]
+    ]
+    assert all(
+        g["dropped"]["reason"] == "stale" and "max_off_policy_steps" in g["dropped"]["detail"]
+        for g in dropped
+    )
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert sum(r.get("groups_dropped/stale", 0) for r in rl) == rl[-1]["groups_dropped_stale"]
+    warm = [json.loads(line) for line in (out / "traces" / "warmup_step_1.jsonl").read_text().splitlines()]
+    assert warm and all(
+        c["loss"] == "LOSS_TYPE_CE"
+        for g in warm
+        for t in g["traces"]
+        for b in t["branches"]
+        for c in b["channels"]
+    )
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["start"]
+
+
 def blank(path: Path) -> bool:
     pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float64)
     return pixels.std() < 10 or len(np.unique(pixels.reshape(-1, 3), axis=0)) < 50
@@ -55,7 +101,7 @@ def test_the_dashboard_follows_a_live_run_in_chromium(tmp_path):
     out, shots = tmp_path / "run", tmp_path / "shots"
     shots.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    steps = 12
+    steps = 8
     run = subprocess.Popen(
         [
             sys.executable,
@@ -72,6 +118,10 @@ def test_the_dashboard_follows_a_live_run_in_chromium(tmp_path):
             "orchestrator.eval.interval=4",
             "--set",
             "orchestrator.eval.num_tasks=64",
+            "--set",
+            "orchestrator.save_rollouts_interval=4",
+            "--set",
+            "orchestrator.warm_start.max_steps=6",
         ],
         cwd=REPO,
         env=env,
@@ -131,13 +181,16 @@ def test_the_dashboard_follows_a_live_run_in_chromium(tmp_path):
     # A token's advantage, as the page shows it, is the trace file's.
     phase, step = seen["step"].split(":")
     assert (phase, int(step)) == ("rl", steps)  # the viewer follows the newest step
-    groups = [json.loads(line) for line in (out / "traces" / f"rl_step_{step}.jsonl").read_text().splitlines()]
+    groups = [
+        json.loads(line) for line in (out / "traces" / f"rl_step_{step}.jsonl").read_text().splitlines()
+    ]
     trace = next(t for t in groups[seen["group"]]["traces"] if t["id"] == seen["trace"])
     advantage, trains = branch_advantage(trace, seen["token_index"])
     assert trains and seen["kind_text"] == "RL channel"
     assert abs(float(seen["advantage_text"]) - advantage) < 5e-5, (seen["advantage_text"], advantage)
     assert seen["logprob_text"] != "–"
 
+    check_trace_files(out, rows, dumped=(4, 8))
     for name in ("curves.png", "traces.png"):
         assert not blank(shots / name), name
     stopped = registry.stop()  # the session's dashboard (a later `rlrun local` starts another)
