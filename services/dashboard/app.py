@@ -8,6 +8,8 @@ or file is a 404, a malformed parameter a 400 naming it.
   N-th still has `time` T; else all of them with `reset: true` (the run was resumed at an
   earlier checkpoint, or started over). The page polls it.
 - `GET /api/runs/{run}/traces`: the steps with a trace file; `.../traces/{phase}/{step}`: its groups.
+
+A run is a run folder, or a run seen through its orchestrator's status service (remote.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlrun.dashboard.registry import SERVICE
-from rlrun.dashboard.runs import PHASES, RunFolder, RunSources
+from rlrun.dashboard.runs import PHASES, Run, RunSources
 from rlrun.dashboard.security import Access
 
 CONTENT_TYPES = {
@@ -88,7 +90,7 @@ def _page_routes(app: FastAPI, files: dict[str, tuple[bytes, str]]) -> None:
 
 
 def _api_routes(app: FastAPI, sources: RunSources) -> None:
-    def run(rid: str) -> RunFolder:
+    def run(rid: str) -> Run:
         found = sources.get(rid)
         if found is None:
             raise HTTPException(404, f"no run {rid!r}")

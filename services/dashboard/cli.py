@@ -64,6 +64,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "another dashboard already serves them",
     )
     parser.add_argument(
+        "--orchestrator",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="also show the run behind this orchestrator's status service (a cluster run through "
+        "`kubectl port-forward`): its phase, step and curves from the moment the dashboard watches "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "--orchestrator-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the run's gRPC bearer token for --orchestrator (grpc.auth_token_file; in a cluster the "
+        "Secret <run>-auth, key token)",
+    )
+    parser.add_argument(
+        "--orchestrator-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="CA bundle to verify --orchestrator's TLS certificate (turns TLS on)",
+    )
+    parser.add_argument(
         "--stop", action="store_true", help="stop the dashboard `rlrun local` points to, and exit"
     )
 
@@ -89,6 +113,12 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         return _fail(f"--api-key-file: {error}")
     try:
+        token = read_token_file(args.orchestrator_token_file) if args.orchestrator_token_file else None
+    except (OSError, ValueError) as error:
+        return _fail(f"--orchestrator-token-file: {error}")
+    if args.orchestrator_ca is not None and not args.orchestrator_ca.is_file():
+        return _fail(f"--orchestrator-ca: no such file: {args.orchestrator_ca}")
+    try:
         check_bind(args.host, api_key)
     except AccessError as error:
         return _fail(str(error))
@@ -99,13 +129,17 @@ def main(args: argparse.Namespace) -> int:
     if not folders and not args.background and DEFAULT_DIR.is_dir():
         folders = [DEFAULT_DIR]
     shared = not args.isolated
+    from rlrun.common.grpc_client import ClientOptions
     from rlrun.dashboard.app import create_app
+    from rlrun.dashboard.remote import RemoteRun
     from rlrun.dashboard.runs import RunSources
 
-    sources = RunSources(folders, registry.registered if shared else None)
+    options = ClientOptions(deadline_s=10.0, retries=1, tls_ca=args.orchestrator_ca, auth_token=token)
+    remote = [RemoteRun(address, options) for address in args.orchestrator]
+    sources = RunSources(folders, registry.registered if shared else None, remote)
     app = create_app(sources, loopback=is_loopback(args.host), api_key=api_key)
     try:
-        return asyncio.run(_serve(app, args, shared, len(sources.runs())))
+        return asyncio.run(_serve(app, args, shared, len(sources.runs()), remote))
     except OSError as error:
         return _fail(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}")
 
@@ -121,16 +155,21 @@ def _bind(app, host: str, wanted: int | None):
     return HttpServer(app, host, 0)
 
 
-async def _serve(app, args: argparse.Namespace, shared: bool, runs: int) -> int:
+async def _serve(app, args: argparse.Namespace, shared: bool, runs: int, remote) -> int:
     server = _bind(app, args.host, args.port)
     await server.start()
+    watchers = [asyncio.create_task(run.watch(), name=f"watch {run.address}") for run in remote]
     try:
         if shared:
             other = await asyncio.to_thread(registry.claim, server.url)
             if other is not None and args.background:
                 print(f"rlrun dashboard: {other['url']} already serves the registered runs", file=sys.stderr)
                 return 0
-        print(f"rlrun dashboard: {server.url}/ ({runs} runs; Ctrl-C stops)", file=sys.stderr, flush=True)
+        print(
+            f"rlrun dashboard: {server.url}/ ({runs} run{'' if runs == 1 else 's'}; Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -138,6 +177,9 @@ async def _serve(app, args: argparse.Namespace, shared: bool, runs: int) -> int:
         await stop.wait()
         return 0
     finally:
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
         if shared:
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(registry.release)

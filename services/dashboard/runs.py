@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rlrun.common.run_folder import (
     ERROR,
@@ -66,6 +66,30 @@ def _read_lines(path: Path | None) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return rows
+
+
+class Run(Protocol):
+    """What the app asks of a run: a run folder, or a run seen through its status service
+    (remote.RemoteRun)."""
+
+    @property
+    def id(self) -> str: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+    def config(self) -> dict[str, Any] | None: ...
+
+    def summary(self) -> dict[str, Any] | None: ...
+
+    def error(self) -> str | None: ...
+
+    def metrics(self) -> list[dict[str, Any]]: ...
+
+    def events(self) -> list[dict[str, Any]]: ...
+
+    def trace_steps(self) -> list[dict[str, Any]]: ...
+
+    def trace_groups(self, phase: str, step: int) -> list[dict[str, Any]] | None: ...
 
 
 @dataclass(frozen=True)
@@ -181,15 +205,23 @@ def find_runs(folders: Iterable[Path]) -> dict[str, RunFolder]:
 
 
 class RunSources:
-    """The folders a dashboard serves: those it was started with, plus `extra()` (the registry
-    of `rlrun local` runs), read again on every call."""
+    """The runs a dashboard serves: those in the folders it was started with, plus `extra()`
+    (the registry of `rlrun local` runs), read again on every call, and `remote` ones."""
 
-    def __init__(self, folders: list[Path], extra: Callable[[], list[Path]] | None = None):
+    def __init__(
+        self,
+        folders: list[Path],
+        extra: Callable[[], list[Path]] | None = None,
+        remote: Iterable[Run] = (),
+    ):
         self.folders = [Path(f) for f in folders]
         self.extra = extra
+        self.remote = list(remote)
 
-    def runs(self) -> dict[str, RunFolder]:
-        return find_runs([*self.folders, *(self.extra() if self.extra else [])])
+    def runs(self) -> dict[str, Run]:
+        found: dict[str, Run] = {r.id: r for r in self.remote}
+        found.update(find_runs([*self.folders, *(self.extra() if self.extra else [])]))
+        return found
 
-    def get(self, rid: str) -> RunFolder | None:
+    def get(self, rid: str) -> Run | None:
         return self.runs().get(rid)
