@@ -35,8 +35,8 @@ from pathlib import Path
 from rlrun.bench import emit_result
 from rlrun.bench.local_runs import DEMO_CONFIG
 from rlrun.common.config import FiltersConfig, load_config
-from rlrun.common.types import Branch, MessageNode, TaskRef, Trace
-from rlrun.common.wire import sample_to_proto
+from rlrun.common.wire.trace import Branch, MessageNode, TaskRef, Trace
+from rlrun.common.wire.training import sample_to_proto
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, builtin
 from rlrun.orchestrator.credit.batching import build_batch

@@ -12,26 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import time
 from typing import Any
 
 import grpc
 
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
-
-log = logging.getLogger(__name__)
+from rlrun.common.wire.orchestrator import RunStatus, status_from_proto, status_request
+from rlrun.v1 import orchestrator_pb2_grpc
 
 POLL_S = 1.0
-PHASES = {
-    orchestrator_pb2.RUN_PHASE_PENDING: "pending",
-    orchestrator_pb2.RUN_PHASE_WARMUP: "warmup",
-    orchestrator_pb2.RUN_PHASE_RUNNING: "running",
-    orchestrator_pb2.RUN_PHASE_SUCCEEDED: "succeeded",
-    orchestrator_pb2.RUN_PHASE_FAILED: "failed",
-    orchestrator_pb2.RUN_PHASE_STOPPING: "stopping",
-}
 LINE_PHASES = {"warmup": "warmup", "running": "rl", "stopping": "rl", "succeeded": "rl", "failed": "rl"}
 """The metrics line phase of the step a status of this run phase last reported."""
 
@@ -42,18 +32,18 @@ class RemoteRun:
         self.options = options
         self.id = "orch-" + hashlib.sha256(address.encode()).hexdigest()[:8]
         self.rows: list[dict[str, Any]] = []
-        self.status: orchestrator_pb2.GetRunStatusResponse | None = None
+        self.status: RunStatus | None = None
         self.last_error: str | None = None
         self.updated = 0.0
         self._events: list[dict[str, Any]] = []
 
-    def observe(self, status: orchestrator_pb2.GetRunStatusResponse, now: float) -> None:
+    def observe(self, status: RunStatus, now: float) -> None:
         """Takes in one answer of GetStatus: a line for a step not seen yet, and for an eval
         reward that changed."""
         if self.status is not None and status.resumes > self.status.resumes:
             self._events.append({"time": now, "event": "resume", "step": status.step, "trainer_step": None})
         self.status, self.updated, self.last_error = status, now, None
-        phase = PHASES.get(status.phase, "pending")
+        phase = status.phase or "pending"
         metrics = dict(status.metrics)
         if "trainer_step" in metrics and phase in LINE_PHASES:
             trainer_step = int(metrics["trainer_step"])
@@ -73,11 +63,11 @@ class RemoteRun:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             while True:
                 try:
-                    status = await stub.GetStatus(orchestrator_pb2.GetRunStatusRequest(), timeout=10.0)
+                    reply = await stub.GetStatus(status_request(), timeout=10.0)
                 except grpc.aio.AioRpcError as error:
                     self.last_error = f"{self.address}: {error.code().name}: {error.details()}"
                 else:
-                    self.observe(status, time.time())
+                    self.observe(status_from_proto(reply), time.time())
                 await asyncio.sleep(POLL_S)
 
     # -- what the app asks of a run (as of runs.RunFolder) ----------------------------------------
@@ -86,7 +76,7 @@ class RemoteRun:
         st = self.status
         rl = [r for r in self.rows if r["phase"] == "rl"]
         warm = [r for r in self.rows if r["phase"] == "warmup"]
-        phase = PHASES.get(st.phase, "pending") if st is not None else "unreachable"
+        phase = (st.phase or "pending") if st is not None else "unreachable"
         return {
             "id": self.id,
             "name": f"orchestrator {self.address}",
@@ -96,7 +86,7 @@ class RemoteRun:
             "step": st.step if st is not None else 0,
             "max_steps": st.max_steps if st is not None else None,
             "warmup_steps": int(warm[-1]["step"]) if warm else 0,
-            "policy_version": st.policy_version if st is not None else None,
+            "policy_version": st.version if st is not None else None,
             "train_reward": rl[-1].get("reward_mean") if rl else None,
             "eval_reward": st.eval_reward if st is not None and st.eval_reward else None,
             "updated": self.updated,

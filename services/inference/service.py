@@ -17,13 +17,14 @@ from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_cha
 from rlrun.common.grpc_server import GrpcServer
 from rlrun.common.service import ServiceContext
 from rlrun.common.tokenizer_info import load_with_info
+from rlrun.common.wire.trainer import status_from_proto, status_request
 from rlrun.inference.engines import create_engine
 from rlrun.inference.engines.base import Engine
 from rlrun.inference.http_server import HttpServer, http_security
 from rlrun.inference.openai.app import build_openai_app
 from rlrun.inference.servicer import InferenceServicer
 from rlrun.inference.text_path import TextPath
-from rlrun.v1 import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from rlrun.v1 import inference_pb2_grpc, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +73,17 @@ class InferenceService:
             backoff = UnavailableBackoff(float("inf"))
             while True:
                 try:
-                    reply = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=10.0)
+                    trainer = status_from_proto(await stub.GetStatus(status_request(), timeout=10.0))
                     break
                 except grpc.aio.AioRpcError as error:
                     log.info(
                         "trainer %s not answering yet: %s", self.config.trainer.address, error.code().name
                     )
                     await asyncio.sleep(backoff.next_delay() or UnavailableBackoff.MAX_S)
-        self.require_version, self.asks_trainer = reply.policy_version, False
+        self.require_version, self.asks_trainer = trainer.policy_version, False
         log.info(
             "the live policy version is %d; this replica holds %d",
-            reply.policy_version,
+            trainer.policy_version,
             self.engine.policy_version,
         )
         self.grpc_server.set_serving(self.ready())

@@ -7,16 +7,10 @@ import sys
 from tqdm import tqdm
 
 from rlrun.common.config import RunConfig
-from rlrun.v1 import orchestrator_pb2
+from rlrun.common.wire.orchestrator import RunStatus
 
-PHASES = {
-    orchestrator_pb2.RUN_PHASE_PENDING: "pending",
-    orchestrator_pb2.RUN_PHASE_WARMUP: "warmup",
-    orchestrator_pb2.RUN_PHASE_RUNNING: "rl",
-    orchestrator_pb2.RUN_PHASE_SUCCEEDED: "done",
-    orchestrator_pb2.RUN_PHASE_FAILED: "failed",
-    orchestrator_pb2.RUN_PHASE_STOPPING: "stopping",
-}
+SHOWN = {"running": "rl", "succeeded": "done", "": "?"}
+"""How the bar names a run phase, where not as the run does."""
 
 
 class RunProgress:
@@ -31,8 +25,8 @@ class RunProgress:
         self.last_step = -1
         self.last_phase = None
 
-    def update(self, status: orchestrator_pb2.GetRunStatusResponse) -> None:
-        phase = PHASES.get(status.phase, "?")
+    def update(self, status: RunStatus) -> None:
+        phase = SHOWN.get(status.phase, status.phase)
         fields = {
             "phase": phase,
             "reward": f"{status.train_reward:.3f}",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from rlrun.common.run_folder import METRICS, SUMMARY
-from rlrun.v1 import orchestrator_pb2
+from rlrun.common.wire.orchestrator import RunStatus
 
 SUMMARY_KEYS = ("steps", "eval_reward_start", "eval_reward_end", "wall_s", "tokens_per_s")
 
@@ -59,7 +59,7 @@ def write_reward_plot(run_dir: Path) -> Path | None:
     return path
 
 
-def final_summary(run_dir: Path, status: orchestrator_pb2.GetRunStatusResponse, wall_s: float) -> dict:
+def final_summary(run_dir: Path, status: RunStatus, wall_s: float) -> dict:
     """The orchestrator's summary.json plus wall time; falls back to the live status."""
     path = run_dir / SUMMARY
     summary = json.loads(path.read_text()) if path.exists() else {}

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlrun.common.types import RewardComponent
+from rlrun.common.wire.trace import RewardComponent
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import Episode
 from rlrun.env_server.sdk.harnesses import SingleTurnHarness

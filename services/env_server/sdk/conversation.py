@@ -8,8 +8,8 @@ cursor's branch plus the assistant header. Past turns are never re-rendered.
 from __future__ import annotations
 
 from rlrun.common.tokenizer import ChatMessage, Tokenizer
-from rlrun.common.types import Role
-from rlrun.env_server.sdk.completion import Completion
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.trace import Role
 from rlrun.env_server.sdk.trace_builder import TraceBuilder
 
 

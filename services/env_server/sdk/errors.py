@@ -10,7 +10,7 @@ import asyncio
 
 import grpc
 
-from rlrun.common.types import TraceError
+from rlrun.common.wire.trace import TraceError
 
 RETRYABLE_CODES = frozenset(
     {

@@ -30,23 +30,16 @@ import torch
 
 from rlrun.common.errors import RequestError
 from rlrun.common.model import CausalLM, PackedCausal, SlotKVCache
-from rlrun.common.model.weights import broadcast_tensors
-from rlrun.common.types import SamplingParams
-from rlrun.inference.engines.base import (
-    Completion,
-    FinishReason,
-    QueueFullError,
-    ScoreResult,
-    StreamDelta,
-    TopLogprobs,
-)
+from rlrun.common.weights.protocol import WeightSource, broadcast_tensors
+from rlrun.common.wire.inference import Completion, FinishReason, ScoreResult, TopLogprobs
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.inference.engines.base import QueueFullError, StreamDelta
 from rlrun.inference.engines.scheduler import Admission, SlotScheduler
 from rlrun.inference.engines.static_decode import DecodeMode, StaticDecoder
 from rlrun.inference.logits import EngineResources, RowState, prepare_knobs, sample_ends
 from rlrun.inference.params import GenerationParams
 from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
 from rlrun.inference.structured import GrammarCompiler
-from rlrun.inference.weight_transports import WeightSource
 
 log = logging.getLogger(__name__)
 

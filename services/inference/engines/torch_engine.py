@@ -16,6 +16,9 @@ import torch
 
 from rlrun.common.config import RunConfig
 from rlrun.common.model import CausalLM, build_model
+from rlrun.common.weights.collective import CollectiveSource
+from rlrun.common.weights.ipc import IpcSource
+from rlrun.common.weights.receiver import WeightReceiver
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
 from rlrun.inference.engines.static_decode import DecodeMode, decode_mode
@@ -28,7 +31,6 @@ from rlrun.inference.engines.torch_core import (
 )
 from rlrun.inference.engines.torch_process import TorchEngineProcess
 from rlrun.inference.structured import GrammarCompiler, model_grammars
-from rlrun.inference.weight_transports import CollectiveSource, IpcSource, WeightReceiver
 
 
 class _ThreadChannel:

@@ -47,8 +47,11 @@ import torch
 from rlrun.common.config import RunConfig
 from rlrun.common.logs import setup_logging
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import ReceivedTensors
 from rlrun.common.service import limit_threads
+from rlrun.common.weights.collective import CollectiveSource
+from rlrun.common.weights.ipc import IpcSource
+from rlrun.common.weights.protocol import ReceivedTensors
+from rlrun.common.weights.receiver import WeightReceiver
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
 from rlrun.inference.engines.static_decode import decode_mode
@@ -62,7 +65,6 @@ from rlrun.inference.engines.torch_core import (
     run,
 )
 from rlrun.inference.structured import model_grammars
-from rlrun.inference.weight_transports import CollectiveSource, IpcSource, WeightReceiver
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from rlrun.common.types import TaskRef, WireError
+from rlrun.common.wire import WireError
+from rlrun.common.wire.plan import GenerationPlan
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.orchestrator.collect.group import RolloutGroup
@@ -22,7 +24,6 @@ from rlrun.orchestrator.collect.retry import (
     rpc_is_retryable,
     trace_errors,
 )
-from rlrun.v1 import plan_pb2
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class EnvRollouts:
 
     env: str
     client: EnvClient
-    plan: plan_pb2.GenerationPlan
+    plan: GenerationPlan
     trained_members: frozenset[str]
     temperatures: dict[str, float]
     learner_seat_only: bool = False

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rlrun.common.config.orchestrator import GroupFailuresConfig
-from rlrun.common.types import TaskRef, Trace
+from rlrun.common.wire.trace import TaskRef, Trace
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.retry import FailureRate

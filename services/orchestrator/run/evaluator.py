@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field
 
 from rlrun.common.config.orchestrator import OrchestratorConfig
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.evaluation import eval_tasks, run_eval
 from rlrun.orchestrator.collect.rollouts import EnvRollouts
 from rlrun.orchestrator.run.context import RunContext
 from rlrun.orchestrator.run.outputs import EVAL_DIR, RunOutputs
 from rlrun.orchestrator.run.progress import Progress
-from rlrun.orchestrator.run.status import RunStatus
 
 log = logging.getLogger(__name__)
 

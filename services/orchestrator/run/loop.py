@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from rlrun.common.wire.training import encode_batch
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.scheduler import GroupScheduler
@@ -22,7 +23,7 @@ from rlrun.orchestrator.run.phase import Phase
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
 from rlrun.orchestrator.run.step import BuiltStep, RunFailed, RunStopped, StepOutcome
-from rlrun.orchestrator.run.trainer_client import TrainerClient, encode_batch
+from rlrun.orchestrator.run.trainer_client import TrainerClient
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
 from rlrun.common.run_folder import (
     ERROR,
     EVAL_DIR,
@@ -45,8 +43,7 @@ from rlrun.common.run_folder import (
     append_event,
     trace_file_name,
 )
-from rlrun.common.types import Trace
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.trace import Trace, trace_to_json
 from rlrun.orchestrator.run import tracking
 
 __all__ = ["EVAL_DIR", "METRICS", "ROLLOUTS_DIR", "STEP_PHASES", "RunOutputs", "trace_row"]
@@ -70,7 +67,7 @@ def trace_row(
 ) -> dict[str, Any]:
     """A trace as a JSON row; a kept rollout (`filters` given) also records `isFiltered` and
     the filters that flagged it."""
-    row = json_format.MessageToDict(trace_to_proto(trace))
+    row = trace_to_json(trace)
     if trace.task.example_id is not None:
         row["task"]["exampleId"] = trace.task.example_id
     if filters is not None:

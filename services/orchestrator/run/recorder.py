@@ -9,6 +9,7 @@ import traceback
 from typing import Any
 
 from rlrun.common.config.orchestrator import OrchestratorConfig
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.scheduler import DroppedGroup
 from rlrun.orchestrator.credit.batching import LOW_TRAIN_FRACTION
@@ -17,7 +18,6 @@ from rlrun.orchestrator.run.outputs import ROLLOUTS_DIR, RunOutputs, trace_row
 from rlrun.orchestrator.run.phase import Phase
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.state import OrchestratorState
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.orchestrator.run.step import StepOutcome, StepRecord
 from rlrun.orchestrator.run.traces import TraceWriter
 

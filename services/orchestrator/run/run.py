@@ -27,6 +27,7 @@ import grpc
 
 from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.grpc_client import ClientOptions
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator.collect.scheduler import AllGroupsStale, GroupScheduler, GroupsFailing
 from rlrun.orchestrator.run.checkpointer import Checkpointer
 from rlrun.orchestrator.run.connections import Connections, service_addresses, wait_ready
@@ -38,7 +39,6 @@ from rlrun.orchestrator.run.phase import Phase, rl_phase, warmup_phase
 from rlrun.orchestrator.run.plan import samples_live_policy
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.orchestrator.run.step import RunFailed, RunStopped
 from rlrun.orchestrator.run.traces import TokenTexts, TraceWriter
 from rlrun.orchestrator.run.trainer_client import TrainerLost

@@ -30,12 +30,17 @@ import grpc
 
 from rlrun.common.config.orchestrator import TracesConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.common.types import TaskRef, Trace
+from rlrun.common.wire.inference import (
+    DetokenizeRequest,
+    detokenize_request_to_proto,
+    detokenize_response_from_proto,
+)
+from rlrun.common.wire.trace import TaskRef, Trace
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.scheduler import DroppedGroup
 from rlrun.orchestrator.run.outputs import RunOutputs, trace_row
 from rlrun.orchestrator.run.step import StepRecord
-from rlrun.v1 import inference_pb2, inference_pb2_grpc
+from rlrun.v1 import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +72,15 @@ class TokenTexts:
                     replies = await asyncio.gather(
                         *(
                             stub.Detokenize(
-                                inference_pb2.DetokenizeRequest(token_ids=[i], skip_special_tokens=False),
+                                detokenize_request_to_proto(
+                                    DetokenizeRequest([i], skip_special_tokens=False)
+                                ),
                                 timeout=DETOKENIZE_TIMEOUT_S,
                             )
                             for i in chunk
                         )
                     )
-                    self._texts.update(zip(chunk, (reply.text for reply in replies), strict=True))
+                    self._texts.update(zip(chunk, map(detokenize_response_from_proto, replies), strict=True))
             except grpc.aio.AioRpcError as error:
                 if not self._warned:
                     log.warning(

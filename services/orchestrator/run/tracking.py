@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlrun.common.config import RunConfig
-    from rlrun.common.types import Trace
+    from rlrun.common.wire.trace import Trace
 
 __all__ = ["Tracker", "close", "log_metrics", "log_rollouts", "sample_rows", "start"]
 

@@ -12,8 +12,9 @@ import time
 import urllib.request
 
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import SERVICE_NAME, OrchestratorServicer, RunStatus
+from rlrun.orchestrator.run.status import SERVICE_NAME, OrchestratorServicer
 from rlrun.v1 import orchestrator_pb2_grpc
 
 TOKEN = "grpc-token-9e2a"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.common.types import RewardComponent
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.trace import RewardComponent
 from rlrun.env_server.envs.alphabet_sort import AlphabetSort
 from rlrun.env_server.envs.arithmetic import Arithmetic
 from rlrun.env_server.envs.registry import BUILTIN, make_env, resolve
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.env_server.envs.tool_calc import ToolCalc, calculate
-from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.episode import POLICY, Episode
 from rlrun.env_server.sdk.errors import ToolError

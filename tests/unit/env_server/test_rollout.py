@@ -8,9 +8,10 @@ import math
 
 import pytest
 
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.envs.reverse_text import ReverseText
-from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError
 from rlrun.env_server.sdk.harnesses import SingleTurnHarness

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from rlrun.common.config.inference import InferenceConfig
 from rlrun.common.model import ArchConfig, CausalLM, PackedCausal, SlotKVCache, create_model
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.static_decode import (
     StaticDecoder,
     decode_mode,

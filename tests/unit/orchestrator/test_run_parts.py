@@ -10,6 +10,9 @@ import pytest
 
 from rlrun.common.config.orchestrator import FiltersConfig, OrchestratorConfig, TracesConfig
 from rlrun.common.grpc_client import ClientOptions
+from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.common.wire.trainer import Resumed, StepResult
+from rlrun.common.wire.training import encode_batch
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps
 from rlrun.orchestrator.credit.batching import build_batch
@@ -22,10 +25,8 @@ from rlrun.orchestrator.run.phase import RLPhase, WarmupPhase, rl_phase, warmup_
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
 from rlrun.orchestrator.run.state import OrchestratorState
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.orchestrator.run.step import BuiltStep, RunFailed
 from rlrun.orchestrator.run.traces import TokenTexts, TraceWriter
-from rlrun.orchestrator.run.trainer_client import Resumed, StepResult, encode_batch
 
 ORCH = OrchestratorConfig.model_validate(
     {"batch_size": 2, "group_size": 2, "max_steps": 3, "train": {"env": [{"id": "rev"}]}}
@@ -84,7 +85,7 @@ class FakeTrainer:
                 "step": step,
                 "version": version,
                 "lr": learning_rate,
-                "samples": len(batch.samples),
+                "samples": len(batch.message.samples),
                 "state": OrchestratorState.from_bytes(orchestrator_state),
                 "metrics": dict(metrics),
             }

@@ -1,5 +1,5 @@
-"""The process groups weight updates travel over, joined the same way by the trainer (rank 0)
-and the replicas, and what tells two processes apart (`node_id`).
+"""The process groups the collective transport's updates travel over, joined the same way by
+the trainer (rank 0) and the replicas (the torch engine's core, the vLLM workers).
 
 By backend (the header's `nccl.backend`: both sides must build the same kind of group):
 - "pynccl": vLLM's `StatelessProcessGroup` and `PyNcclCommunicator` (what the vLLM workers
@@ -14,19 +14,14 @@ trainer's own default group (FSDP, DDP) is left alone.
 
 from __future__ import annotations
 
-import functools
 import os
-import socket
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-
-from rlrun.v1 import weights_pb2
 
 
 class WeightGroup(Protocol):
@@ -123,14 +118,6 @@ class _PyNcclGroup:
         self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream(self.device))
 
 
-BACKENDS = {
-    "pynccl": weights_pb2.COLLECTIVE_BACKEND_PYNCCL,
-    "nccl": weights_pb2.COLLECTIVE_BACKEND_TORCH_NCCL,
-    "gloo": weights_pb2.COLLECTIVE_BACKEND_TORCH_GLOO,
-}
-"""Backend name -> what the header's `nccl.backend` says."""
-
-
 def join_weight_group(
     backend: str,
     host: str,
@@ -148,22 +135,3 @@ def join_weight_group(
     if backend == "pynccl":
         return _PyNcclGroup(host, port, rank, world_size, device)
     raise ValueError(f"unknown weight-broadcast backend {backend!r}")
-
-
-TORCH_BACKENDS = {
-    weights_pb2.COLLECTIVE_BACKEND_TORCH_NCCL: "nccl",
-    weights_pb2.COLLECTIVE_BACKEND_TORCH_GLOO: "gloo",
-}
-
-
-@functools.cache
-def node_id() -> str:
-    """Equal for two processes that can map each other's memory: same host, same boot, same
-    IPC namespace (two containers on one machine share the boot id but not /dev/shm)."""
-    boot = Path("/proc/sys/kernel/random/boot_id")
-    boot_id = boot.read_text().strip() if boot.exists() else ""
-    try:
-        namespace = os.readlink("/proc/self/ns/ipc")
-    except OSError:
-        namespace = ""
-    return f"{socket.gethostname()}/{boot_id}/{namespace}"
