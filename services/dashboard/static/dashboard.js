@@ -134,6 +134,7 @@ function renderRuns() {
           onclick: () => selectRun(run.id),
         },
         el("div", { class: "name" }, el("span", {}, run.name), el("span", { class: `badge ${run.phase}` }, run.phase)),
+        el("div", { class: "meta folder" }, run.path.split("/").filter(Boolean).slice(-2).join("/")),
         el(
           "div",
           { class: "meta" },
@@ -587,7 +588,7 @@ function renderGroups() {
         el(
           "div",
           { class: "line meta" },
-          el("span", {}, `${g.traces.length} traces · task ${g.task.idx}`),
+          el("span", {}, `${g.traces.length} trace${g.traces.length === 1 ? "" : "s"} · task ${g.task.idx}`),
           filtered ? el("span", { class: "badge filtered" }, `${filtered} filtered`) : null,
         ),
       );
@@ -624,6 +625,7 @@ function renderGroup() {
     ),
     group.dropped ? el("p", { class: "trace-errors" }, `Why: ${group.dropped.detail}`) : null,
     first && first.task.data ? el("div", { class: "task-data" }, `task data: ${first.task.data}`) : null,
+    group.traces.length ? tokenLegend() : null,
   );
   const members = [...new Set(group.traces.map((t) => t.memberId || "policy"))];
   const cards = group.traces.map((trace, i) => renderTrace(group, trace, i, members.length > 1));
@@ -756,7 +758,7 @@ function renderTrace(group, trace, traceIndex, multiAgent) {
     line.append(span);
     if (text.endsWith("\n")) line.append(el("br"));
   }
-  card.append(line, tokenLegend(), detail);
+  card.append(line, detail);
   return card;
 }
 
