@@ -130,13 +130,7 @@ class GroupScheduler:
                 group = self._ready.popleft()
                 metrics.QUEUE_DEPTH.set(len(self._ready))
                 if self._stale(group.policy_start):
-                    self._count_stale(
-                        group.env,
-                        group.task,
-                        group.group_id,
-                        f"rollouts from version {group.policy_start}",
-                        group.traces,
-                    )
+                    self._count_stale_group(group)
                     continue
                 self._taken += 1
                 self._stale_in_a_row = 0
@@ -197,6 +191,11 @@ class GroupScheduler:
         self._drop_counts[drop.reason] = self._drop_counts.get(drop.reason, 0) + 1
         self._drops.append(drop)
 
+    def _count_stale_group(self, group: RolloutGroup) -> None:
+        """A finished group too old for the batch."""
+        why = f"rollouts from version {group.policy_start}"
+        self._count_stale(group.env, group.task, group.group_id, why, group.traces)
+
     def _count_stale(
         self, env: str, task: TaskRef, group_id: str, why: str, traces: list[Trace] | None = None
     ) -> None:
@@ -222,13 +221,7 @@ class GroupScheduler:
         fresh = deque()
         for group in self._ready:
             if self._stale(group.policy_start):
-                self._count_stale(
-                    group.env,
-                    group.task,
-                    group.group_id,
-                    f"rollouts from version {group.policy_start}",
-                    group.traces,
-                )
+                self._count_stale_group(group)
             else:
                 fresh.append(group)
         self._ready = fresh
