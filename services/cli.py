@@ -1,10 +1,11 @@
-"""The `rlrun` command: local, eval, serve <service>, check-config, operator, bench."""
+"""The `rlrun` command: local, eval, dashboard, serve <service>, check-config, operator, bench."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from rlrun.checks import Scope, check_run
 from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import ConfigError, load_config_with_warnings
 from rlrun.common.hub import resolve_hub_model
+from rlrun.dashboard import cli as dashboard_cli
 
 SERVICES = {
     "inference": "rlrun.inference.cli",
@@ -140,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         "over; without it a folder with checkpoints is resumed from the newest",
     )
     local.add_argument(
+        "--no-dashboard",
+        action="store_true",
+        help="do not register the run with the dashboard, nor start one (see `rlrun dashboard`)",
+    )
+    local.add_argument(
         "--max-restarts",
         type=non_negative,
         default=5,
@@ -149,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_eval_parser(sub)
+
+    dash = sub.add_parser(
+        "dashboard",
+        help="a local web page with the runs' curves and a trace viewer",
+        description=dashboard_cli.DESCRIPTION,
+    )
+    dashboard_cli.add_arguments(dash)
 
     serve = sub.add_parser(
         "serve",
@@ -297,7 +311,14 @@ def _local(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         fresh=args.fresh,
         max_restarts=args.max_restarts,
+        dashboard=not args.no_dashboard,
     )
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    if not args.stop and importlib.util.find_spec("fastapi") is None:
+        raise SystemExit("rlrun: `rlrun dashboard` needs the serve extra (pip install 'rlrun[serve]')")
+    return dashboard_cli.main(args)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -352,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": _serve,
         "local": _local,
         "eval": _eval,
+        "dashboard": _dashboard,
         "operator": _operator,
         "bench": _bench,
     }

@@ -65,6 +65,8 @@ class GroupFailure:
     reason: str
     """The last failure, e.g. `RunGroup INTERNAL: KeyError: 'answer'`."""
     attempts: int
+    label: str
+    """The kind of failure, as `groups_failed_total` labels it (`internal`, `trace_errors`, ...)."""
 
 
 async def run_group(
@@ -156,7 +158,7 @@ def _dropped(
     if target.failures is not None:
         target.failures.rollout_failed(target.env, task, reason)
         target.failures.group_failed(target.env)
-    return GroupFailure(group_id, target.env, task, reason, attempts)
+    return GroupFailure(group_id, target.env, task, reason, attempts, label)
 
 
 def describe_errors(errors: list[TraceError]) -> str:

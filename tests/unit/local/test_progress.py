@@ -20,9 +20,7 @@ def status(**kw) -> RunStatus:
 def test_the_eval_is_shown_with_the_step_it_was_measured_after():
     assert "eval" not in fields(status(step=3))
     assert fields(status(step=12, eval_reward=0.8125, eval_step=10, eval_split="eval"))["eval"] == "0.812@10"
-    warm = fields(
-        status(phase="warmup", eval_reward=0.5, eval_step=6, eval_split="dev")
-    )
+    warm = fields(status(phase="warmup", eval_reward=0.5, eval_step=6, eval_split="dev"))
     assert warm["dev"] == "0.500@6" and "eval" not in warm
 
 

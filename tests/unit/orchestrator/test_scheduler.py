@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from rlrun.common.config.orchestrator import GroupFailuresConfig
+from rlrun.common.wire.orchestrator import RunStatus, status_from_proto, status_to_proto
 from rlrun.orchestrator.collect.rollouts import EnvRollouts
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.collect.scheduler import GroupScheduler, GroupsFailing, SchedulerSettings
-from rlrun.common.wire.orchestrator import RunStatus, status_from_proto, status_to_proto
 from rlrun.v1 import plan_pb2
 
 
@@ -109,6 +109,12 @@ async def test_ready_groups_too_old_for_the_batch_are_dropped_and_counted(build)
     finally:
         await s.close()
     assert s.dropped_stale >= 2 and group.dispatch_version == 5 and group.policy_start == 5
+    counts, drops = s.take_drops()
+    assert counts == {"stale": s.dropped_stale} and len(drops) == s.dropped_stale
+    finished = [d for d in drops if d.traces]  # the ready ones come with their traces
+    assert finished and all(len(d.traces) == 2 and d.reason == "stale" for d in finished)
+    assert "rollouts from version 0, batch trains at version 5" in finished[0].detail
+    assert s.take_drops() == ({}, [])  # each drop is handed out once
 
 
 async def test_no_stale_drops_when_staleness_is_not_enforced(build):
@@ -136,6 +142,9 @@ async def test_a_sustained_failure_rate_ends_the_phase(build):
             await asyncio.wait_for(s.take(), 5)
     finally:
         await s.close()
+    counts, drops = s.take_drops()
+    assert counts == {"non_retryable_trace_errors": len(drops)} and len(drops) >= 2
+    assert all("HarnessError: boom" in d.detail and not d.traces for d in drops)
 
 
 async def test_the_status_hears_the_first_failed_rollout_and_counts_dropped_groups(build):
