@@ -212,7 +212,9 @@ def expected_scalars(out: Path) -> dict[tuple[str, int], float]:
     expected = {}
     for line in metrics_lines(out):
         for key, value in line.items():
-            if key in ("step", "trainer_step", "phase") or isinstance(value, bool):
+            if key in ("step", "trainer_step", "phase", "time") or isinstance(
+                value, bool
+            ):  # time: the wall clock
                 continue
             if isinstance(value, int | float) and math.isfinite(value):
                 expected[(f"{line['phase']}/{key}", line["trainer_step"])] = float(value)
