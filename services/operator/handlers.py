@@ -111,6 +111,16 @@ class _Runtime:
         self._kube: Kube | None = None
         self._lock = threading.Lock()
         self.runs: set[tuple[str, str]] = set()
+        self._passes: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def pass_lock(self, meta: Any) -> asyncio.Lock:
+        """One pass at a time per run. kopf runs the status timer beside the change handlers:
+        two passes of a new run would each find its children missing and apply every one twice."""
+        return self._passes.setdefault((meta.get("namespace"), meta.get("name")), asyncio.Lock())
+
+    def forget(self, meta: Any) -> None:
+        self.runs.discard((meta.get("namespace"), meta.get("name")))
+        self._passes.pop((meta.get("namespace"), meta.get("name")), None)
 
     @property
     def kube(self) -> Kube:
@@ -338,15 +348,24 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
     async def reconcile(body: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
         meta = body.get("metadata") or {}
         runtime.runs.add((meta.get("namespace"), meta.get("name")))
-        await sync(runtime, body, patch, logger, poll=False)
+        async with runtime.pass_lock(meta):
+            await sync(runtime, body, patch, logger, poll=False)
 
+    # The first tick waits an interval: the create and resume handlers make the first pass.
     @kopf.timer(
-        *resource, registry=registry, id="status", interval=options.status_interval_s, initial_delay=0
+        *resource,
+        registry=registry,
+        id="status",
+        interval=options.status_interval_s,
+        initial_delay=options.status_interval_s,
     )
     async def observe(body: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
-        if (body.get("metadata") or {}).get("deletionTimestamp"):
-            return
-        await sync(runtime, body, patch, logger, poll=True)
+        meta = body.get("metadata") or {}
+        lock = runtime.pass_lock(meta)
+        if meta.get("deletionTimestamp") or lock.locked():
+            return  # a pass under way (a change's) reads and writes what this one would
+        async with lock:
+            await sync(runtime, body, patch, logger, poll=True)
 
     @kopf.on.delete(*resource, registry=registry, id="cleanup")
     async def cleanup(body: Any, logger: logging.Logger, **_: Any) -> None:
@@ -361,7 +380,7 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
                 result.deleted.append(f"Secret/{secret}")
             if (body.get("spec") or {}).get("queueName"):
                 await asyncio.to_thread(_release_gang, runtime, _plain(body), result)
-        runtime.runs.discard((meta.get("namespace"), meta.get("name")))
+        runtime.forget(meta)
         options.metrics.forget(meta.get("namespace"), meta.get("name"))
         if result.deleted:
             logger.info("deleted %s", ", ".join(result.deleted))

@@ -103,7 +103,7 @@ async def test_operator_end_to_end(
         "Degraded": "False",
         "Restarted": "False",
     }
-    assert orchestrator_stub.calls >= 2
+    assert orchestrator_stub.calls >= 1  # the first poll comes an interval after the create pass
     # The run's generated Secret and NetworkPolicy, owned by it; the status poll carries the
     # token the pods mount (the stand-in records it), and the operator read no Secret for it.
     secret = await call(kube.get, "v1", "Secret", namespace, f"{NAME}-auth")
