@@ -31,7 +31,14 @@ import kopf
 from rlrun.operator import kueue
 from rlrun.operator.auth import run_credentials
 from rlrun.operator.config import Cluster, auth_secret_name
-from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
+from rlrun.operator.kube import (
+    ApplyResult,
+    Kube,
+    KubeError,
+    apply_objects,
+    list_owned,
+    prune_objects,
+)
 from rlrun.operator.metrics import OperatorMetrics
 from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state, pod_group_name
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
@@ -231,8 +238,12 @@ def _release_gang(runtime: _Runtime, run: dict[str, Any], result: ApplyResult) -
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
     kube = runtime.kube
     meta = run["metadata"]
-    result = apply_objects(kube, objects)
-    return prune_objects(kube, meta["name"], meta["namespace"], meta["uid"], objects, result=result)
+    # The run's objects, listed once for both steps (a list per kind, not a GET per object).
+    owned = list_owned(kube, meta["name"], meta["namespace"])
+    result = apply_objects(kube, objects, owned=owned)
+    return prune_objects(
+        kube, meta["name"], meta["namespace"], meta["uid"], objects, result=result, owned=owned
+    )
 
 
 async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.Logger, poll: bool) -> None:
