@@ -59,9 +59,10 @@ from rlrun.bench.services import free_port, served
 from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import SlotKVCache, arch_dict, build_model
-from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
 from rlrun.common.service import limit_threads
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.grpc_stream import iter_update_messages
+from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.torch_process import TorchEngineProcess
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2, weights_pb2
 

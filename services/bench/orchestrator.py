@@ -35,8 +35,8 @@ from pathlib import Path
 from rlrun.bench import emit_result
 from rlrun.bench.local_runs import DEMO_CONFIG
 from rlrun.common.config import FiltersConfig, load_config
-from rlrun.common.types import Branch, MessageNode, TaskRef, Trace
-from rlrun.common.wire import sample_to_proto
+from rlrun.common.wire.trace import Branch, MessageNode, TaskRef, Trace
+from rlrun.common.wire.training import sample_to_proto
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, builtin
 from rlrun.orchestrator.credit.batching import build_batch
@@ -214,7 +214,9 @@ def train_step_lower_bound(shape: dict, iterations: int) -> float:
     model = build_model(shape["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     samples, length = shape["batch_size"] * shape["group_size"], 12 + shape["completion"]
-    ids = torch.randint(6, 100, (samples * length,))
+    # Token ids the demo model has: its vocabulary is the char tokenizer's, a few dozen ids
+    # (a fixed bound of 100 indexed past it on a fresh clone, where this path runs).
+    ids = torch.randint(0, model.config.vocab_size, (samples * length,))
     positions = torch.arange(length).repeat(samples)
     attend = PackedCausal([length] * samples)
     advantages = torch.randn(samples * length - 1)

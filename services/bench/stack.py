@@ -17,10 +17,12 @@ import time
 from rlrun.bench import emit_result
 from rlrun.bench.local_runs import DEMO_CONFIG, run_local, timing_overrides
 from rlrun.common.config import load_config
-from rlrun.common.model.weights import broadcast_tensors
 from rlrun.common.service import limit_threads
 from rlrun.common.tokenizer import load_tokenizer
-from rlrun.common.types import Channel, SamplingParams, TrainingBatch, TrainingSample
+from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.trace import Channel
+from rlrun.common.wire.training import TrainingBatch, TrainingSample
 from rlrun.env_server.envs.registry import make_env
 from rlrun.env_server.sdk.scoring import similarity
 from rlrun.inference.engines.torch_engine import create_engine

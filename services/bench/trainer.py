@@ -39,11 +39,19 @@ from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import ArchConfig, PackedCausal, build_model, create_model
-from rlrun.common.model.weights import broadcast_tensors, build_header, iter_update_messages
-from rlrun.common.types import TrainingBatch
-from rlrun.common.wire import batch_to_proto
+from rlrun.common.weights.grpc_stream import GrpcWeightBroadcaster, build_header, iter_update_messages
+from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.wire.inference import SERVICE_NAME as INFERENCE
+from rlrun.common.wire.inference import WeightsApplied, weights_applied_from_proto, weights_applied_to_proto
+from rlrun.common.wire.trainer import SubmitBatch, step_result_from_proto, submit_request_to_proto
+from rlrun.common.wire.training import TrainingBatch, encode_batch
+from rlrun.common.wire.weights import (
+    WeightChunk,
+    WeightUpdateHeader,
+    update_message_from_proto,
+    update_messages,
+)
 from rlrun.trainer.app import add_trainer_service, create_runtime
-from rlrun.trainer.broadcast import GrpcWeightBroadcaster
 from rlrun.trainer.coordinator import Coordinator
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
@@ -51,9 +59,8 @@ from rlrun.trainer.loss import token_logprobs
 from rlrun.trainer.packing import pack_micro_batch
 from rlrun.trainer.servicer import SERVICE_NAME
 from rlrun.trainer.synthetic import synthetic_batch, synthetic_config
-from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc, weights_pb2
+from rlrun.v1 import inference_pb2_grpc, trainer_pb2_grpc
 
-INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 PROMPTS, GROUP = 16, 8
 # A 25 MB model for the broadcast: enough bytes that the stream, not per-call overhead, dominates.
 BROADCAST_ARCH = {
@@ -131,9 +138,11 @@ async def measure_steps(iterations: int, output_dir: Path) -> dict:
                 learner.train(batch)
                 step_time = time.perf_counter() - started
                 batch.step = runtime.step
-                request = trainer_pb2.SubmitBatchRequest(batch=batch_to_proto(batch))
+                request = submit_request_to_proto(
+                    SubmitBatch(encode_batch(batch.samples), batch.step, batch.policy_version)
+                )
                 started = time.perf_counter()
-                await stub.SubmitBatch(request)
+                step_result_from_proto(await stub.SubmitBatch(request))
                 service_time = time.perf_counter() - started
                 if i >= 2:
                     bare_s.append(bare_time)
@@ -165,11 +174,12 @@ class CountingSink(inference_pb2_grpc.InferenceServiceServicer):
         received = 0
         version = 0
         async for message in request_iterator:
-            if message.HasField("header"):
-                version = message.header.version
-            else:
-                received += len(message.chunk.data)
-        return inference_pb2.UpdateWeightsResponse(version=version, bytes_received=received)
+            part = update_message_from_proto(message)
+            if isinstance(part, WeightUpdateHeader):
+                version = part.version
+            elif part is not None:
+                received += len(part.data)
+        return weights_applied_to_proto(WeightsApplied(version, received))
 
 
 def broadcast_model(quick: bool) -> dict[str, torch.Tensor]:
@@ -182,14 +192,13 @@ def broadcast_model(quick: bool) -> dict[str, torch.Tensor]:
     return broadcast_tensors(model)
 
 
-def raw_stream(header: weights_pb2.WeightUpdateHeader, data: bytes, chunk_bytes: int):
+def raw_stream(header: WeightUpdateHeader, data: bytes, chunk_bytes: int):
     """The raw client: a header, then the bytes cut into chunk messages on the fly."""
-    yield weights_pb2.WeightUpdateMessage(header=header)
-    for index, offset in enumerate(range(0, len(data), chunk_bytes)):
-        chunk = weights_pb2.WeightChunk(
-            version=header.version, index=index, data=data[offset : offset + chunk_bytes]
-        )
-        yield weights_pb2.WeightUpdateMessage(chunk=chunk)
+    chunks = (
+        WeightChunk(header.version, index, data[offset : offset + chunk_bytes])
+        for index, offset in enumerate(range(0, len(data), chunk_bytes))
+    )
+    return update_messages(header, chunks)
 
 
 async def measure_broadcast(iterations: int, quick: bool) -> dict:
@@ -210,7 +219,9 @@ async def measure_broadcast(iterations: int, quick: bool) -> dict:
             raw = inference_pb2_grpc.InferenceServiceStub(channel)
             for i in range(iterations + 1):  # the first warms up
                 started = time.perf_counter()
-                reply = await raw.UpdateWeights(raw_stream(header, data, chunk_bytes))
+                reply = weights_applied_from_proto(
+                    await raw.UpdateWeights(raw_stream(header, data, chunk_bytes))
+                )
                 raw_time = time.perf_counter() - started
                 assert reply.bytes_received == len(data)
                 started = time.perf_counter()

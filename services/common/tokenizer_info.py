@@ -1,4 +1,4 @@
-"""A tokenizer's identity on the wire (rlrun.v1.TokenizerInfo): a name for people, a SHA-256
+"""A tokenizer's identity (rlrun.common.wire.plan.TokenizerInfo): a name for people, a SHA-256
 that two tokenizers share only when they give the same ids for the same conversation, the
 vocabulary size and the chat format's end-of-message tokens. Inference reports the one it
 serves; an env-server that renders ids itself declares the one it uses; the orchestrator
@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from rlrun.common.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
-from rlrun.v1 import plan_pb2
+from rlrun.common.wire.plan import TokenizerInfo
 
 
-def tokenizer_info(tokenizer: Tokenizer, source: str | Path) -> plan_pb2.TokenizerInfo:
+def tokenizer_info(tokenizer: Tokenizer, source: str | Path) -> TokenizerInfo:
     """`source`: the tokenizer file (character tokenizers) or checkpoint directory it came from."""
     if isinstance(tokenizer, CharTokenizer):
         name = f"char:{Path(source).name}"
@@ -29,17 +29,17 @@ def tokenizer_info(tokenizer: Tokenizer, source: str | Path) -> plan_pb2.Tokeniz
             "eos_token_id": tokenizer.eos_token_id,
         }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    return plan_pb2.TokenizerInfo(
+    return TokenizerInfo(
         name=name,
         sha256=digest,
         vocab_size=tokenizer.vocab_size,
-        stop_token_ids=tokenizer.stop_token_ids,
+        stop_token_ids=list(tokenizer.stop_token_ids),
     )
 
 
 def load_with_info(
     tokenizer_path: Path | None, checkpoint_dir: Path | None
-) -> tuple[Tokenizer, plan_pb2.TokenizerInfo]:
+) -> tuple[Tokenizer, TokenizerInfo]:
     """The run's tokenizer ([model] tokenizer, else the checkpoint's) and its identity."""
     tokenizer = load_tokenizer(tokenizer_path, checkpoint_dir)
     source = tokenizer_path if tokenizer_path is not None else checkpoint_dir
@@ -47,7 +47,7 @@ def load_with_info(
     return tokenizer, tokenizer_info(tokenizer, source)
 
 
-def mismatch(declared: plan_pb2.TokenizerInfo, served: plan_pb2.TokenizerInfo) -> list[str]:
+def mismatch(declared: TokenizerInfo, served: TokenizerInfo) -> list[str]:
     """The fields `declared` sets that differ from `served` ([] when it agrees or declares nothing)."""
     out = []
     if declared.name and declared.name != served.name:

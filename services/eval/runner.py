@@ -31,8 +31,9 @@ from tqdm import tqdm
 from rlrun.common.config import POLICY, ConfigError, ModelTargetConfig, RunConfig, reload_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.service import serve_command
-from rlrun.common.types import GenerationPlan, TaskRef
-from rlrun.common.wire import plan_to_proto
+from rlrun.common.wire.inference import status_from_proto, status_request
+from rlrun.common.wire.plan import GenerationPlan, TokenizerInfo
+from rlrun.common.wire.trace import TaskRef
 from rlrun.local.launcher import child_env, interrupts_raise, set_option
 from rlrun.local.processes import ChildFailed, ProcessGroup
 from rlrun.orchestrator.collect.env_client import EnvClient
@@ -40,14 +41,8 @@ from rlrun.orchestrator.collect.evaluation import eval_tasks, result_rows, summa
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.rollouts import EnvRollouts, GroupFailure, run_group
 from rlrun.orchestrator.run.connections import wait_for_env_server
-from rlrun.orchestrator.run.plan import (
-    compile_plan,
-    member_temperatures,
-    sampling_params,
-    trained_members,
-    with_chat_format,
-)
-from rlrun.v1 import inference_pb2, inference_pb2_grpc, plan_pb2
+from rlrun.orchestrator.run.plan import compile_plan, eval_sampling, member_temperatures, trained_members
+from rlrun.v1 import inference_pb2_grpc
 
 RESULTS = "results.jsonl"
 METRICS = "metrics.json"
@@ -110,7 +105,9 @@ def read_results(path: Path) -> dict[tuple[str, int], dict]:
     return done
 
 
-def eval_plans(request: EvalRequest) -> tuple[RunConfig, dict[str, GenerationPlan]]:
+def eval_plans(
+    request: EvalRequest, tokenizer: TokenizerInfo, text_addresses: list[str]
+) -> tuple[RunConfig, dict[str, GenerationPlan]]:
     """Per env, the eval plan: the checkpoint's replicas, or the endpoint as an openai target."""
     config = request.config
     orch = config.orchestrator
@@ -130,9 +127,9 @@ def eval_plans(request: EvalRequest) -> tuple[RunConfig, dict[str, GenerationPla
         env.key: compile_plan(
             config,
             actor=actor,
-            sampling=sampling_params(
-                orch.train.sampling, env.sampling, orch.eval.sampling, greedy=orch.eval.greedy
-            ),
+            sampling=eval_sampling(config, env),
+            tokenizer=tokenizer,
+            text_addresses=text_addresses,
         )
         for env in orch.train.env
     }
@@ -184,13 +181,12 @@ class EvalServices:
         self.group.stop()
 
 
-async def served_tokenizer(addresses: list[str], options: ClientOptions) -> plan_pb2.TokenizerInfo:
+async def served_tokenizer(addresses: list[str], options: ClientOptions) -> TokenizerInfo:
     if not addresses:
-        return plan_pb2.TokenizerInfo()
+        return TokenizerInfo()
     async with open_channel(addresses[0], options) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
-        reply = await stub.GetStatus(inference_pb2.GetInferenceStatusRequest(), timeout=60.0)
-    return reply.tokenizer
+        return status_from_proto(await stub.GetStatus(status_request(), timeout=60.0)).tokenizer
 
 
 def task_record(env: str, task: TaskRef, outcome: RolloutGroup | GroupFailure) -> dict:
@@ -204,16 +200,16 @@ async def evaluate(
 ) -> dict[str, float]:
     """Runs every task not yet in results.jsonl, appending each as it finishes; the summary."""
     wired = reload_config(request.config_path, [*request.overrides, *services.sets])
-    config, plans = eval_plans(replace(request, config=wired))
+    options = ClientOptions.from_config(wired.grpc)
+    tokenizer = await served_tokenizer(services.inference, options)
+    config, plans = eval_plans(replace(request, config=wired), tokenizer, services.inference)
     orch = config.orchestrator
-    options = ClientOptions.from_config(config.grpc)
     clients = {key: EnvClient(address, options) for key, address in services.env_servers.items()}
     results = request.output_dir / RESULTS
     try:
         await asyncio.gather(
             *(wait_for_env_server(a, options, orch.startup_timeout_s) for a in services.env_servers.values())
         )
-        tokenizer = await served_tokenizer(services.inference, options)
         targets, tasks = {}, []
         for env in orch.train.env:
             description = await clients[env.key].describe(env.key, env.id)
@@ -221,7 +217,7 @@ async def evaluate(
             targets[env.key] = EnvRollouts(
                 env.key,
                 clients[env.key],
-                with_chat_format(plan_to_proto(plan), tokenizer, services.inference),
+                plan,
                 trained_members(plan, orch.multi_agent.drop_judge),
                 member_temperatures(plan),
             )

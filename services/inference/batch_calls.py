@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import replace
 
 from rlrun.common.aio import all_or_nothing
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import Engine, StreamDelta
 
 

@@ -3,7 +3,7 @@ the gRPC API carries) plus what only the OpenAI-compatible APIs set.
 
 The trainer recomputes the model's own distribution, so tokens drawn from another (biased,
 penalised, masked) would only be masked as off-policy: the proto has none of these, and
-`rlrun.common.types` knows none of them. Engines take either type (`GenerationParams.of`).
+`rlrun.common.wire.sampling` knows none of them. Engines take either type (`GenerationParams.of`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.common.types import SamplingParams, WireError
+from rlrun.common.wire import WireError
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.logits import check_knobs
 
 MAX_TOP_LOGPROBS = 20

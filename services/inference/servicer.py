@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -11,34 +12,17 @@ from collections.abc import Callable
 import grpc
 
 from rlrun.common.errors import grpc_errors
-from rlrun.common.model.weights import LayoutCache
-from rlrun.common.wire import sampling_from_proto
+from rlrun.common.weights.grpc_stream import LayoutCache, StreamBroken, receive_update
+from rlrun.common.wire import inference as wire
+from rlrun.common.wire.inference import Completion
 from rlrun.inference import metrics
-from rlrun.inference.engines.base import Completion, Engine, QueueFullError, check_version_order
+from rlrun.inference.engines.base import Engine, QueueFullError, check_version_order
 from rlrun.inference.text_path import TextPath
-from rlrun.inference.validation import check_score, check_token_ids
-from rlrun.inference.weight_stream import StreamBroken, receive_update
-from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
+from rlrun.v1 import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
-
-_FINISH_TO_PB = {
-    "stop": inference_pb2.FINISH_REASON_STOP,
-    "length": inference_pb2.FINISH_REASON_LENGTH,
-    "abort": inference_pb2.FINISH_REASON_ABORT,
-}
-
-
-def completion_to_proto(completion: Completion) -> inference_pb2.Completion:
-    return inference_pb2.Completion(
-        token_ids=completion.token_ids,
-        logprobs=completion.logprobs,
-        finish_reason=_FINISH_TO_PB[completion.finish_reason],
-        policy_version_start=completion.policy_version_start,
-        policy_version_end=completion.policy_version_end,
-    )
+SERVICE_NAME = wire.SERVICE_NAME
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
@@ -80,64 +64,53 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     @grpc_errors
     async def Generate(self, request, context):
         await self._admit(context)
-        prompt = list(request.prompt_token_ids)
-        check_token_ids(prompt, "prompt_token_ids", self.engine.vocab_size, self.engine.max_model_len - 1)
-        params = sampling_from_proto(
-            request.sampling,
-            "sampling",
-            vocab_size=self.engine.vocab_size,
-            max_model_len=self.engine.max_model_len,
-            prompt_len=len(prompt),
-            max_samples=self.engine.max_samples,
+        engine = self.engine
+        asked = wire.generate_request_from_proto(
+            request,
+            vocab_size=engine.vocab_size,
+            max_model_len=engine.max_model_len,
+            max_samples=engine.max_samples,
         )
-        completions = await self._generate(context, prompt, params, request.request_id)
-        return inference_pb2.GenerateResponse(
-            completions=[completion_to_proto(c) for c in completions], prompt_tokens=len(prompt)
-        )
+        completions = await self._generate(context, asked.prompt_token_ids, asked.sampling, asked.request_id)
+        return wire.generate_response_to_proto(completions, len(asked.prompt_token_ids))
 
     @grpc_errors
     async def GenerateChat(self, request, context):
         await self._admit(context)
-        rendered = self.text.render(request.messages, add_generation_prompt=True)
-        prompt = list(rendered.token_ids)
-        params = sampling_from_proto(
-            request.sampling,
-            "sampling",
-            vocab_size=self.engine.vocab_size,
-            max_samples=self.engine.max_samples,
+        asked = wire.generate_chat_request_from_proto(
+            request, vocab_size=self.engine.vocab_size, max_samples=self.engine.max_samples
         )
-        params = self.text.chat_sampling(params, prompt, self.engine.max_model_len)
-        completions = await self._generate(context, prompt, params, request.request_id)
-        return inference_pb2.GenerateChatResponse(
-            prompt=rendered,
-            completions=[self.text.chat_completion(c, completion_to_proto(c)) for c in completions],
+        rendered = self.text.render(asked.messages, add_generation_prompt=True)
+        prompt = rendered.token_ids
+        params = self.text.chat_sampling(asked.sampling, prompt, self.engine.max_model_len)
+        completions = await self._generate(context, prompt, params, asked.request_id)
+        return wire.generate_chat_response_to_proto(
+            rendered, [self.text.chat_completion(c) for c in completions]
         )
 
     @grpc_errors
     async def RenderChat(self, request, context):
-        return self.text.render(request.messages, request.add_generation_prompt)
+        asked = wire.render_chat_request_from_proto(request)
+        return wire.rendered_chat_to_proto(self.text.render(asked.messages, asked.add_generation_prompt))
 
     @grpc_errors
     async def Tokenize(self, request, context):
-        return inference_pb2.TokenizeResponse(token_ids=self.text.tokenize(request.text))
+        return wire.tokenize_response_to_proto(self.text.tokenize(wire.tokenize_request_from_proto(request)))
 
     @grpc_errors
     async def Detokenize(self, request, context):
-        text = self.text.detokenize(list(request.token_ids), request.skip_special_tokens)
-        return inference_pb2.DetokenizeResponse(text=text)
+        asked = wire.detokenize_request_from_proto(request)
+        return wire.detokenize_response_to_proto(
+            self.text.detokenize(asked.token_ids, asked.skip_special_tokens)
+        )
 
     @grpc_errors
     async def Score(self, request, context):
-        token_ids = list(request.token_ids)
-        check_score(
-            token_ids,
-            request.start,
-            request.temperature,
-            vocab_size=self.engine.vocab_size,
-            max_model_len=self.engine.max_model_len,
+        asked = wire.score_request_from_proto(
+            request, vocab_size=self.engine.vocab_size, max_model_len=self.engine.max_model_len
         )
-        result = await self.engine.score(token_ids, request.start, request.temperature)
-        return inference_pb2.ScoreResponse(logprobs=result.logprobs, policy_version=result.policy_version)
+        result = await self.engine.score(asked.token_ids, asked.start, asked.temperature)
+        return wire.score_response_to_proto(result)
 
     @grpc_errors
     async def UpdateWeights(self, request_iterator, context):
@@ -149,7 +122,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 )
                 if not update.header.rollback:
                     check_version_order(update.header.version, self.engine.policy_version)
-                if update.header.transport == weights_pb2.WEIGHT_TRANSPORT_IPC:
+                if update.header.transport == "ipc":
                     apply_seconds = await self.engine.receive_weights_ipc(update.header)
                 elif update.tensors is None:
                     apply_seconds = await self.engine.receive_weights_nccl(update.header)
@@ -177,32 +150,23 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                     apply_seconds * 1e3,
                 )
             )
-            return inference_pb2.UpdateWeightsResponse(
-                version=version, bytes_received=update.bytes_received, apply_seconds=apply_seconds
+            return wire.weights_applied_to_proto(
+                wire.WeightsApplied(version, update.bytes_received, apply_seconds)
             )
 
     @grpc_errors
     async def GetStatus(self, request, context):
-        status = self.engine.status()
-        return inference_pb2.GetInferenceStatusResponse(
-            policy_version=status.policy_version,
-            running_requests=status.running_requests,
-            waiting_requests=status.waiting_requests,
-            tokens_per_s=status.tokens_per_s,
-            paused=status.paused,
-            model=status.model,
-            engine=status.engine,
-            max_model_len=status.max_model_len,
-            tokenizer=self.text.info,
-            weight_sync=self.engine.weight_sync_info(),
+        status = dataclasses.replace(
+            self.engine.status(), tokenizer=self.text.info, weight_sync=self.engine.weight_sync_info()
         )
+        return wire.status_to_proto(status)
 
     @grpc_errors
     async def Pause(self, request, context):
         await self.engine.pause()
-        return inference_pb2.PauseResponse(paused=True)
+        return wire.pause_response_to_proto(True)
 
     @grpc_errors
     async def Resume(self, request, context):
         await self.engine.resume()
-        return inference_pb2.ResumeResponse(paused=False)
+        return wire.resume_response_to_proto(False)

@@ -10,21 +10,18 @@ import dataclasses
 from collections.abc import Sequence
 
 from rlrun.common.errors import RequestError
-from rlrun.common.tokenizer import ROLES, Tokenizer
-from rlrun.common.types import SamplingParams
-from rlrun.inference.engines.base import Completion
-from rlrun.inference.validation import check_token_ids
-from rlrun.v1 import inference_pb2, plan_pb2
+from rlrun.common.tokenizer import ROLES, ChatMessage, Tokenizer
+from rlrun.common.wire.inference import ChatCompletion, Completion, RenderedChat, check_token_ids
+from rlrun.common.wire.plan import TokenizerInfo
+from rlrun.common.wire.sampling import SamplingParams
 
 
 class TextPath:
-    def __init__(self, tokenizer: Tokenizer, info: plan_pb2.TokenizerInfo):
+    def __init__(self, tokenizer: Tokenizer, info: TokenizerInfo):
         self.tokenizer = tokenizer
         self.info = info
 
-    def render(
-        self, messages: Sequence[inference_pb2.ChatMessage], add_generation_prompt: bool
-    ) -> inference_pb2.RenderChatResponse:
+    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> RenderedChat:
         if not messages:
             raise RequestError("messages", "messages must not be empty")
         rendered = []
@@ -33,11 +30,7 @@ class TextPath:
                 raise RequestError(f"messages[{i}].role", f"role {message.role!r} is not one of {ROLES}")
             rendered.append(self.tokenizer.render_message(message.role, message.content))
         header = self.tokenizer.message_header("assistant") if add_generation_prompt else []
-        return inference_pb2.RenderChatResponse(
-            messages=[inference_pb2.RenderedMessage(token_ids=ids) for ids in rendered],
-            generation_prompt=header,
-            token_ids=[t for ids in rendered for t in ids] + header,
-        )
+        return RenderedChat(rendered, header)
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -57,15 +50,12 @@ class TextPath:
         """The request's sampling with the chat format's end tokens as stop tokens and
         max_tokens cut to the room the context has left; a prompt that leaves no room is refused."""
         check_token_ids(prompt, "messages", self.tokenizer.vocab_size, max_model_len - 1)
-        stops = list(params.stop_token_ids)
-        stops += [t for t in self.info.stop_token_ids if t not in stops]
         return dataclasses.replace(
-            params, stop_token_ids=stops, max_tokens=min(params.max_tokens, max_model_len - len(prompt))
+            params.with_stop_tokens(self.info.stop_token_ids),
+            max_tokens=min(params.max_tokens, max_model_len - len(prompt)),
         )
 
-    def chat_completion(
-        self, completion: Completion, proto: inference_pb2.Completion
-    ) -> inference_pb2.ChatCompletion:
-        return inference_pb2.ChatCompletion(
-            completion=proto, text=self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    def chat_completion(self, completion: Completion) -> ChatCompletion:
+        return ChatCompletion(
+            completion, self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         )

@@ -1,29 +1,16 @@
-"""Request checks shared by the gRPC servicer and the OpenAI-compatible app.
+"""The request check of the OpenAI-compatible app, built on the wire's (the gRPC servicer's
+requests are checked as they are converted, `rlrun.common.wire.inference`).
 
-Each raises `RequestError(field, message)` naming the offending field as the caller's
-protocol spells it, so both shells answer bad input with a precise message.
+It raises `RequestError(field, message)` naming the offending field as the caller's protocol
+spells it, so both shells answer bad input with a precise message.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from rlrun.common.errors import RequestError
-from rlrun.common.types import SamplingParams
-
-
-def check_token_ids(token_ids: Sequence[int], field: str, vocab_size: int, max_len: int) -> None:
-    """Non-empty, every id in [0, vocab_size), at most `max_len` ids."""
-    if len(token_ids) == 0:
-        raise RequestError(field, f"{field} must not be empty")
-    if len(token_ids) > max_len:
-        raise RequestError(field, f"{field} has {len(token_ids)} tokens; the context holds {max_len}")
-    for i, token in enumerate(token_ids):
-        if not 0 <= token < vocab_size:
-            raise RequestError(
-                f"{field}[{i}]", f"{field}[{i}] = {token} is outside the vocabulary [0, {vocab_size})"
-            )
+from rlrun.common.wire.inference import check_token_ids
+from rlrun.common.wire.sampling import SamplingParams
 
 
 def check_generate(
@@ -48,15 +35,3 @@ def check_generate(
         max_samples=max_samples,
         samples_field=samples_field,
     )
-
-
-def check_score(
-    token_ids: Sequence[int], start: int, temperature: float, *, vocab_size: int, max_model_len: int
-) -> None:
-    check_token_ids(token_ids, "token_ids", vocab_size, max_model_len)
-    if not 1 <= start < len(token_ids):
-        raise RequestError(
-            "start", f"start must be in [1, {len(token_ids)}) for {len(token_ids)} tokens, got {start}"
-        )
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError("temperature", f"temperature must be a finite number >= 0, got {temperature}")

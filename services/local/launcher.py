@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shlex
@@ -28,7 +29,12 @@ import grpc
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
+from rlrun.common.run_folder import RESOLVED_CONFIG, append_event
 from rlrun.common.service import serve_command
+from rlrun.common.wire import orchestrator as wire
+from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.dashboard import registry
+from rlrun.dashboard.runs import run_id
 from rlrun.local.processes import (
     Child,
     ChildFailed,
@@ -39,15 +45,14 @@ from rlrun.local.processes import (
 )
 from rlrun.local.progress import RunProgress
 from rlrun.local.report import final_summary, read_metrics, write_reward_plot
-from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from rlrun.v1 import orchestrator_pb2_grpc
 
 TRAINER_AUTOGROUP_NICE = -10
 """The trainer's scheduling-group nice value (lowering it below 0 needs CAP_SYS_NICE)."""
-TERMINAL = {orchestrator_pb2.RUN_PHASE_SUCCEEDED, orchestrator_pb2.RUN_PHASE_FAILED}
 RESTART_BACKOFF_S = 1.0
 """Wait before a service's first restart; it doubles with each further one (at most 30 s)."""
 TARGETS_FILE = "prometheus_targets.json"
-RUN_MARKER = "resolved_config.json"
+RUN_MARKER = RESOLVED_CONFIG
 """Written into every run folder: `--fresh` only deletes a folder that has it."""
 STOP_GRACE_S = 600.0
 """How long Ctrl-C waits for the current step and its checkpoint before stopping at once."""
@@ -240,6 +245,15 @@ class LocalRun:
             f"its log: {child.log_file}",
             file=sys.stderr,
         )
+        rl_steps = [r["step"] for r in read_metrics(self.run_dir) if r.get("phase") == "rl"]
+        append_event(
+            self.run_dir,
+            "restart",
+            service=child.name,
+            exit=describe_exit(child.process.returncode),
+            attempt=attempt,
+            step=max(rl_steps, default=0),
+        )
         time.sleep(delay)
         argv = with_port(child.argv, child.address.rsplit(":", 1)[1])
         if (
@@ -255,9 +269,7 @@ class LocalRun:
             self._prioritise(child)
         print(f"rlrun local: {child.name} is back (pid {child.process.pid})", file=sys.stderr)
 
-    async def follow(
-        self, address: str, progress: RunProgress
-    ) -> orchestrator_pb2.GetRunStatusResponse | None:
+    async def follow(self, address: str, progress: RunProgress) -> RunStatus | None:
         """Polls the run to its end, restarting services that die on the way (None: the run
         was stopped and its orchestrator exited before its last status was seen)."""
         options = ClientOptions.from_config(self.config.grpc)
@@ -274,27 +286,42 @@ class LocalRun:
                     # it exits (PR_SET_PDEATHSIG), and a worker thread does not live long.
                     self.revive(child)
                     if self.stopping and child.name == "orchestrator":
-                        await stub.Stop(orchestrator_pb2.StopRequest(reason="interrupted"), timeout=30.0)
+                        await stub.Stop(wire.stop_request_to_proto("interrupted"), timeout=30.0)
                 try:
-                    status = await stub.GetStatus(orchestrator_pb2.GetRunStatusRequest(), timeout=10.0)
+                    status = wire.status_from_proto(await stub.GetStatus(wire.status_request(), timeout=10.0))
                 except grpc.aio.AioRpcError:  # the orchestrator is restarting
                     await asyncio.sleep(0.5)
                     continue
                 progress.update(status)
-                if status.phase in TERMINAL:
+                if status.finished:
                     return status
                 await asyncio.sleep(0.25)
 
-    async def stop_after_step(
-        self, address: str, progress: RunProgress
-    ) -> orchestrator_pb2.GetRunStatusResponse:
+    async def stop_after_step(self, address: str, progress: RunProgress) -> RunStatus:
         """Ctrl-C: the orchestrator ends the current step, saves a checkpoint and stops."""
         self.stopping = True
         options = ClientOptions.from_config(self.config.grpc)
         async with open_channel(address, options) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
-            await stub.Stop(orchestrator_pb2.StopRequest(reason="interrupted"), timeout=30.0)
+            await stub.Stop(wire.stop_request_to_proto("interrupted"), timeout=30.0)
         await asyncio.wait_for(self.follow(address, progress), STOP_GRACE_S)
+
+
+def announce_dashboard(run_dir: Path) -> None:
+    """Registers the run with the user's dashboard, started in the background when none
+    answers, and prints its address; a dashboard that cannot start never stops the run."""
+    if importlib.util.find_spec("fastapi") is None:
+        print(
+            "rlrun local: no dashboard (it needs the serve extra: pip install 'rlrun[serve]')",
+            file=sys.stderr,
+        )
+        return
+    try:
+        url = registry.ensure(run_dir)
+    except (registry.DashboardUnavailable, OSError) as error:
+        print(f"rlrun local: no dashboard: {error}", file=sys.stderr)
+        return
+    print(f"rlrun local: dashboard {url}/#run={run_id(run_dir)}", file=sys.stderr)
 
 
 def _interrupt(signum, frame):
@@ -346,6 +373,7 @@ def run_local(
     progress: bool = True,
     fresh: bool = False,
     max_restarts: int = 5,
+    dashboard: bool = True,
 ) -> int:
     started = time.monotonic()
     run = LocalRun(config, config_path, overrides, max_restarts)
@@ -360,8 +388,10 @@ def run_local(
     )
     if resuming:
         print(f"rlrun local: {resuming}", file=sys.stderr)
+    if dashboard:
+        announce_dashboard(run.run_dir)
 
-    bar = RunProgress(config, enabled=progress)
+    bar = RunProgress(config, enabled=progress, log=run.log_dir / "orchestrator.log")
     address = ""
     with interrupts_raise():
         try:
@@ -370,6 +400,10 @@ def run_local(
         except ChildFailed as error:
             bar.close()
             print(f"rlrun local: {error}", file=sys.stderr)
+            return 1
+        except TimeoutError as error:  # the orchestrator never became healthy
+            bar.close()
+            print(f"rlrun local: {error}; its log: {run.log_dir / 'orchestrator.log'}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             bar.close()
@@ -384,9 +418,9 @@ def run_local(
     plot = write_reward_plot(run.run_dir)
     if plot is not None:
         print(f"rlrun local: reward curve {plot}", file=sys.stderr)
-    if status.phase == orchestrator_pb2.RUN_PHASE_FAILED:
+    if status.phase == "failed":
         print(f"rlrun local: the run failed: {status.last_error}", file=sys.stderr)
     summary = final_summary(run.run_dir, status, wall_s)
     (run.run_dir / "local_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary), flush=True)
-    return 0 if status.phase == orchestrator_pb2.RUN_PHASE_SUCCEEDED else 1
+    return 0 if status.phase == "succeeded" else 1

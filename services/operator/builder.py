@@ -454,7 +454,7 @@ class RunBuilder:
         )
         mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
         init_containers = []
-        if spec.model is not None and component in MODEL_COMPONENTS:
+        if spec.model is not None and spec.model.mounted and component in MODEL_COMPONENTS:
             volume, mount, init = self.model_volume(image, mounts)
             volumes.append(volume)
             mounts.append(mount)

@@ -433,17 +433,24 @@ class HubModel(_Model):
     Default: [ReadWriteMany]."""
 
 
+class ImageModel(_Model):
+    """A model baked into the inference and trainer images: nothing is mounted."""
+
+    path: str = Field(pattern=r"^/[^.]*$", max_length=1024)
+    """The checkpoint directory inside the images."""
+
+
 class ModelSource(_Model):
-    """Where the model comes from. Inference, model-server and trainer pods mount it read-only
-    at `mountPath`, and the run file's `model.path` points there. A model baked into the images
-    needs none of this: set `model.path` in the config to its directory in the image."""
+    """Where the model comes from: a claim or the Hugging Face Hub, which inference,
+    model-server and trainer pods mount read-only at `mountPath`, or the images themselves. The
+    run file's `model.path` points there; a `model.path` that none of these backs is refused."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "has(self.claim) != has(self.huggingFace)",
-                    "message": "set exactly one of claim and huggingFace",
+                    "rule": "[has(self.claim), has(self.huggingFace), has(self.image)].filter(x, x).size() == 1",
+                    "message": "set exactly one of claim, huggingFace and image",
                 }
             ]
         }
@@ -451,18 +458,25 @@ class ModelSource(_Model):
 
     claim: ModelClaim | None = None
     hugging_face: HubModel | None = None
+    image: ImageModel | None = None
     mount_path: str = Field("/models", pattern=r"^/[^.]*$", max_length=1024)
-    """Where the model is mounted. Default: /models."""
+    """Where the model is mounted (a claim or a Hub model). Default: /models."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        if (self.claim is None) == (self.hugging_face is None):
-            raise ValueError("set exactly one of claim and huggingFace")
+        if sum(source is not None for source in (self.claim, self.hugging_face, self.image)) != 1:
+            raise ValueError("set exactly one of claim, huggingFace and image")
         return self
+
+    @property
+    def mounted(self) -> bool:
+        return self.image is None
 
     @property
     def path(self) -> str:
         """The checkpoint directory in the pods (the run file's `model.path`)."""
+        if self.image is not None:
+            return self.image.path
         if self.hugging_face is not None:
             return f"{self.mount_path.rstrip('/')}/{self.hugging_face.id}"
         return self.mount_path

@@ -32,10 +32,11 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
     import asyncio
 
     from rlrun.common.service import ServiceContext, serve_main
+    from rlrun.common.wire.orchestrator import RunStatus
     from rlrun.orchestrator import metrics
     from rlrun.orchestrator.run import tracking
     from rlrun.orchestrator.run.run import Run
-    from rlrun.orchestrator.run.status import SERVICE_NAME, OrchestratorServicer, RunStatus
+    from rlrun.orchestrator.run.status import SERVICE_NAME, OrchestratorServicer
     from rlrun.v1 import orchestrator_pb2_grpc
 
     status = RunStatus()

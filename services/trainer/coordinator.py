@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 
-from rlrun.common.types import TrainingBatch
+from rlrun.common.wire.trainer import StepResult
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer.checkpoint import load_checkpoint
 from rlrun.trainer.distributed import CommandChannel
-from rlrun.trainer.learner import Learner, LearnerState, StepResult
+from rlrun.trainer.learner import Learner, LearnerState
 
 
 @dataclass(frozen=True)

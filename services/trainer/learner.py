@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,20 +28,12 @@ from torch.distributed.checkpoint.state_dict import (
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import TrainerConfig
 from rlrun.common.model import FAMILIES, ArchConfig, PackedCausal, build_model
-from rlrun.common.types import TrainingBatch
+from rlrun.common.wire.trainer import StepResult
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer.distributed import Parallelism, wrap_model
 from rlrun.trainer.loss import STAT_NAMES, channel_loss, summarize, token_logprobs
 from rlrun.trainer.optim import build_optimizer, build_scheduler, lr_factor
 from rlrun.trainer.packing import count_channel_tokens, plan_rank_micro_batches
-
-
-@dataclass
-class StepResult:
-    step: int
-    version: int
-    skipped: bool
-    skip_reason: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

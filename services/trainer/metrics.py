@@ -5,8 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlrun.common.metrics import metric_name
-from rlrun.trainer.broadcast import ReplicaResult
-from rlrun.trainer.learner import StepResult
+from rlrun.common.wire.trainer import BroadcastResult, StepResult
 
 _SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -73,7 +72,7 @@ def record_step(result: StepResult) -> None:
     POLICY_VERSION.set(result.version)
 
 
-def record_broadcast(results: list[ReplicaResult], seconds: float) -> None:
+def record_broadcast(results: list[BroadcastResult], seconds: float) -> None:
     BROADCAST_SECONDS.observe(seconds)
     for result in results:
         if result.ok:

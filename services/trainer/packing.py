@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlrun.common.types import TrainingSample
+from rlrun.common.wire.training import TrainingSample
 
 # A padding micro-batch: two tokens (so one prediction row exists and the backward pass
 # reaches every parameter) with nothing masked in, so it adds exactly zero to loss and grads.

@@ -22,9 +22,10 @@ from collections.abc import Callable
 import grpc
 
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.trainer.broadcast import resize_channels
+from rlrun.common.weights.protocol import resize_channels
+from rlrun.common.wire.inference import status_from_proto, status_request
 from rlrun.trainer.runtime import TrainerRuntime
-from rlrun.v1 import inference_pb2, inference_pb2_grpc
+from rlrun.v1 import inference_pb2_grpc
 
 log = logging.getLogger("rlrun.trainer.replica_watch")
 
@@ -63,10 +64,9 @@ class ReplicaWatch:
     async def _version(self, address: str) -> int | None:
         """The replica's policy version, or None when it does not answer."""
         try:
-            reply = await self.stubs[address].GetStatus(inference_pb2.GetInferenceStatusRequest())
+            return status_from_proto(await self.stubs[address].GetStatus(status_request())).policy_version
         except grpc.aio.AioRpcError:
             return None
-        return reply.policy_version
 
     async def lagging(self) -> list[str]:
         """Replicas that answer but hold another version than the trainer's: older (restarted,

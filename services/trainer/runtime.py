@@ -13,16 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_map
 
 from rlrun.common.config.trainer import CheckpointConfig
-from rlrun.common.types import TrainingBatch
+from rlrun.common.weights.protocol import WeightBroadcaster
+from rlrun.common.wire.trainer import BroadcastResult, Resumed, StepResult
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer import metrics
-from rlrun.trainer.broadcast import ReplicaResult, WeightBroadcaster
 from rlrun.trainer.checkpoint import (
     discard_after,
     latest_checkpoint,
@@ -31,7 +31,7 @@ from rlrun.trainer.checkpoint import (
     step_of,
 )
 from rlrun.trainer.coordinator import Coordinator
-from rlrun.trainer.learner import LearnerState, StepResult
+from rlrun.trainer.learner import LearnerState
 
 log = logging.getLogger("rlrun.trainer.runtime")
 
@@ -47,21 +47,6 @@ class StepMismatch(Exception):
 
 class NoCheckpoint(Exception):
     """A rollback with no complete checkpoint to go back to."""
-
-
-@dataclass
-class SubmitOutcome:
-    result: StepResult
-    broadcasts: list[ReplicaResult] = field(default_factory=list)
-
-
-@dataclass
-class RollbackOutcome:
-    step: int
-    version: int
-    checkpoint: str
-    """The folder loaded; empty when the trainer already was at that step."""
-    resume_state: bytes
 
 
 def _detached(state: LearnerState) -> LearnerState:
@@ -116,24 +101,23 @@ class TrainerRuntime:
     def version(self) -> int:
         return self.coordinator.learner.version
 
-    async def submit(self, batch: TrainingBatch, orchestrator_state: bytes = b"") -> SubmitOutcome:
+    async def submit(self, batch: TrainingBatch, orchestrator_state: bytes = b"") -> StepResult:
         """Trains a validated batch. Raises StepMismatch (nothing trained) for the wrong step."""
         async with self.lock:
             if batch.step != self.step:
                 raise StepMismatch(self.step, batch.step)
             result = await asyncio.to_thread(self.coordinator.train, batch)
             metrics.record_step(result)
-            outcome = SubmitOutcome(result)
             if result.skipped:
                 log.warning("step %d skipped: %s", batch.step, result.skip_reason)
             else:
                 if orchestrator_state:
                     self.resume_state = orchestrator_state
-                outcome.broadcasts, result.metrics["broadcast_seconds"] = await self._broadcast()
+                result.broadcasts, result.metrics["broadcast_seconds"] = await self._broadcast()
                 if self._checkpoint_due(result.step):
                     await self._start_save()
             self.last_metrics = dict(result.metrics)
-            return outcome
+            return result
 
     def _checkpoint_due(self, step: int) -> bool:
         every, seconds = self.checkpoint.interval, self.checkpoint.interval_s
@@ -143,7 +127,7 @@ class TrainerRuntime:
 
     async def _broadcast(
         self, to: list[str] | None = None, rollback: bool = False
-    ) -> tuple[list[ReplicaResult], float]:
+    ) -> tuple[list[BroadcastResult], float]:
         targets = [a for a in self.broadcaster.addresses if a not in self.left_out] if to is None else to
         if not targets:
             return [], 0.0
@@ -178,7 +162,7 @@ class TrainerRuntime:
             await self.broadcaster.set_addresses(addresses)
             self.left_out &= set(addresses)
 
-    async def resync(self, lagging: list[str]) -> list[ReplicaResult]:
+    async def resync(self, lagging: list[str]) -> list[BroadcastResult]:
         """Pushes the current weights to the replicas `lagging` (restarted ones hold their
         initial weights; one that failed a broadcast holds an older version, or a newer one
         that a rollback left behind)."""
@@ -247,7 +231,7 @@ class TrainerRuntime:
         if self._writing is not None:
             await asyncio.shield(self._writing)
 
-    async def rollback(self, max_step: int | None) -> RollbackOutcome:
+    async def rollback(self, max_step: int | None) -> Resumed:
         """Back to the newest complete checkpoint at or before `max_step` (None: the newest);
         later checkpoints are deleted, and the restored weights pushed to every replica."""
         async with self.lock:
@@ -271,4 +255,4 @@ class TrainerRuntime:
             # the replicas on the newer versions of its lost steps.
             self.left_out.clear()
             await self._broadcast(rollback=True)
-            return RollbackOutcome(self.step, self.version, loaded, extra)
+            return Resumed(self.step, self.version, loaded, extra)

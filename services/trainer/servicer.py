@@ -10,13 +10,13 @@ from __future__ import annotations
 import grpc
 
 from rlrun.common.errors import RequestError, grpc_errors
-from rlrun.common.types import TrainingBatch
-from rlrun.common.wire import batch_from_proto
+from rlrun.common.wire import trainer as wire
+from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer.packing import count_channel_tokens
 from rlrun.trainer.runtime import NoCheckpoint, StepMismatch, TrainerRuntime
-from rlrun.v1 import trainer_pb2, trainer_pb2_grpc
+from rlrun.v1 import trainer_pb2_grpc
 
-SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
+SERVICE_NAME = wire.SERVICE_NAME
 
 
 def check_trainable(batch: TrainingBatch, micro_batch_tokens: int, where: str = "batch") -> None:
@@ -42,60 +42,44 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.micro_batch_tokens = micro_batch_tokens
 
     @grpc_errors
-    async def SubmitBatch(
-        self, request: trainer_pb2.SubmitBatchRequest, context
-    ) -> trainer_pb2.SubmitBatchResponse:
-        batch = batch_from_proto(request.batch, "batch", vocab_size=self.vocab_size)
+    async def SubmitBatch(self, request, context):
+        batch, orchestrator_state = wire.submit_request_from_proto(request, vocab_size=self.vocab_size)
         check_trainable(batch, self.micro_batch_tokens)
         try:
-            outcome = await self.runtime.submit(batch, request.orchestrator_state)
+            result = await self.runtime.submit(batch, orchestrator_state)
         except StepMismatch as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-        result = outcome.result
-        return trainer_pb2.SubmitBatchResponse(
-            step=result.step,
-            policy_version=result.version,
-            skipped=result.skipped,
-            skip_reason=result.skip_reason,
-            metrics=result.metrics,
-            broadcasts=[b.to_proto() for b in outcome.broadcasts],
-        )
+        return wire.step_result_to_proto(result)
 
     @grpc_errors
-    async def GetStatus(self, request, context) -> trainer_pb2.GetTrainerStatusResponse:
+    async def GetStatus(self, request, context):
         runtime = self.runtime
-        return trainer_pb2.GetTrainerStatusResponse(
-            step=runtime.step,
-            policy_version=runtime.version,
-            world_size=runtime.world_size,
-            last_checkpoint=runtime.last_checkpoint,
-            last_metrics=runtime.last_metrics,
-            resume_state=runtime.resume_state,
+        return wire.status_to_proto(
+            wire.TrainerStatus(
+                step=runtime.step,
+                policy_version=runtime.version,
+                world_size=runtime.world_size,
+                last_checkpoint=runtime.last_checkpoint,
+                last_metrics=runtime.last_metrics,
+                resume_state=runtime.resume_state,
+            )
         )
 
     @grpc_errors
-    async def SaveCheckpoint(
-        self, request: trainer_pb2.SaveCheckpointRequest, context
-    ) -> trainer_pb2.SaveCheckpointResponse:
+    async def SaveCheckpoint(self, request, context):
+        asked = wire.save_request_from_proto(request)
         try:
-            path, step = await self.runtime.save(
-                request.extra_state, request.step if request.HasField("step") else None
-            )
+            path, step = await self.runtime.save(asked.extra_state, asked.step)
         except StepMismatch as error:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, str(error).replace("batch.step", "step", 1)
             )
-        return trainer_pb2.SaveCheckpointResponse(path=str(path), step=step)
+        return wire.saved_to_proto(str(path), step)
 
     @grpc_errors
-    async def Rollback(self, request: trainer_pb2.RollbackRequest, context) -> trainer_pb2.RollbackResponse:
+    async def Rollback(self, request, context):
         try:
-            outcome = await self.runtime.rollback(request.max_step if request.max_step >= 0 else None)
+            resumed = await self.runtime.rollback(wire.rollback_request_from_proto(request))
         except NoCheckpoint as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"max_step: {error}")
-        return trainer_pb2.RollbackResponse(
-            step=outcome.step,
-            policy_version=outcome.version,
-            checkpoint=outcome.checkpoint,
-            resume_state=outcome.resume_state,
-        )
+        return wire.resumed_to_proto(resumed)

@@ -11,7 +11,8 @@ import numpy as np
 
 from rlrun.common import builtin
 from rlrun.common.config import RunConfig, resolve_config
-from rlrun.common.types import Channel, LossKind, TrainingBatch, TrainingSample
+from rlrun.common.wire.trace import Channel, LossKind
+from rlrun.common.wire.training import TrainingBatch, TrainingSample
 
 
 def synthetic_config(

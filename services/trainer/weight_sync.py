@@ -1,10 +1,10 @@
 """Which weight transport reaches which replica, and the broadcaster `trainer.broadcast.transport`
-builds (`make_broadcaster`).
+builds (`make_broadcaster`); the transports are `rlrun.common.weights`.
 
-- "grpc": the chunk stream (`broadcast.GrpcWeightBroadcaster`); works everywhere, the CPU path.
+- "grpc": the chunk stream (`grpc_stream.GrpcWeightBroadcaster`); works everywhere, the CPU path.
 - "ipc": the trainer's staging buffer mapped by replicas on its node
-  (`ipc_broadcast.IpcWeightBroadcaster`): CUDA IPC on a GPU, shared memory on CPU.
-- "nccl": a collective (`collective_broadcast.CollectiveWeightBroadcaster`): vLLM's
+  (`ipc.IpcWeightBroadcaster`): CUDA IPC on a GPU, shared memory on CPU.
+- "nccl": a collective (`collective.CollectiveWeightBroadcaster`): vLLM's
   PyNcclCommunicator for `inference.engine = "vllm"`; for the torch engine a standalone
   torch.distributed group, NCCL when the trainer is on CUDA, else gloo.
 - "auto": gRPC when the trainer is on CPU. On CUDA, per replica, from what it reports in
@@ -30,36 +30,32 @@ import torch
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.common.model.weight_groups import node_id
-from rlrun.trainer.broadcast import (
-    GrpcWeightBroadcaster,
-    ReplicaChannels,
-    ReplicaResult,
-    WeightBroadcaster,
-)
-from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
-from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
-from rlrun.v1 import inference_pb2, inference_pb2_grpc, weights_pb2
+from rlrun.common.weights.collective import CollectiveWeightBroadcaster
+from rlrun.common.weights.grpc_stream import GrpcWeightBroadcaster
+from rlrun.common.weights.ipc import IpcWeightBroadcaster
+from rlrun.common.weights.protocol import ReplicaChannels, WeightBroadcaster, WeightSender, node_id
+from rlrun.common.wire.inference import status_from_proto, status_request
+from rlrun.common.wire.trainer import BroadcastResult
+from rlrun.common.wire.weights import Backend, WeightSyncInfo
+from rlrun.v1 import inference_pb2_grpc
 
 log = logging.getLogger("rlrun.trainer.weight_sync")
 
 PROBE_TIMEOUT_S = 10.0
 
 
-def choose_transport(
-    trainer_device: torch.device, trainer_node: str, replica: weights_pb2.WeightSyncInfo
-) -> str:
+def choose_transport(trainer_device: torch.device, trainer_node: str, replica: WeightSyncInfo) -> str:
     """ "grpc", "ipc", "nccl" (torch.distributed) or "pynccl" (vLLM's communicator) for one
     replica, as "auto" picks it."""
     if trainer_device.type != "cuda":
         return "grpc"
     on_cuda = replica.device.startswith("cuda")
-    if on_cuda and weights_pb2.WEIGHT_TRANSPORT_IPC in replica.transports and replica.node_id == trainer_node:
+    if on_cuda and "ipc" in replica.transports and replica.node_id == trainer_node:
         return "ipc"
-    if weights_pb2.WEIGHT_TRANSPORT_NCCL in replica.transports:
-        if on_cuda and weights_pb2.COLLECTIVE_BACKEND_TORCH_NCCL in replica.backends:
+    if "nccl" in replica.transports:
+        if on_cuda and "nccl" in replica.backends:
             return "nccl"
-        if weights_pb2.COLLECTIVE_BACKEND_PYNCCL in replica.backends:
+        if "pynccl" in replica.backends:
             return "pynccl"
     return "grpc"
 
@@ -67,8 +63,9 @@ def choose_transport(
 class AutoWeightBroadcaster(ReplicaChannels):
     """Sends each replica the update over the transport `choose_transport` picks for it, all
     transports at once. A replica that fails an IPC or collective update gets it over gRPC at
-    once, and stays on gRPC if that works. A replica's choice is kept until it fails an
-    update (it may have come back elsewhere, or as another engine)."""
+    once (the fallback of those transports' senders), and stays on gRPC if that
+    works. A replica's choice is kept until it fails an update (it may have come back
+    elsewhere, or as another engine)."""
 
     tensors_on_cpu = False
 
@@ -82,6 +79,10 @@ class AutoWeightBroadcaster(ReplicaChannels):
     ):
         super().__init__(addresses, config, client)
         self.by_transport = by_transport
+        stream = by_transport["grpc"]
+        for transport, sender in by_transport.items():
+            if transport != "grpc" and isinstance(sender, WeightSender) and isinstance(stream, WeightSender):
+                sender.fallback = stream
         self.device = device
         self.node = node_id()
         self.choices: dict[str, str] = {}
@@ -94,7 +95,7 @@ class AutoWeightBroadcaster(ReplicaChannels):
     async def _choose(self, address: str) -> str:
         stub = inference_pb2_grpc.InferenceServiceStub(self.channels[address])
         try:
-            status = await stub.GetStatus(inference_pb2.GetInferenceStatusRequest(), timeout=PROBE_TIMEOUT_S)
+            status = status_from_proto(await stub.GetStatus(status_request(), timeout=PROBE_TIMEOUT_S))
         except grpc.aio.AioRpcError as error:
             # Not kept: the gRPC broadcaster retries it and reports it down if it stays so.
             log.warning(
@@ -111,7 +112,7 @@ class AutoWeightBroadcaster(ReplicaChannels):
         version: int,
         to: Sequence[str] | None = None,
         rollback: bool = False,
-    ) -> list[ReplicaResult]:
+    ) -> list[BroadcastResult]:
         targets = self.targets(to)
         unknown = [a for a in targets if a not in self.choices]
         chosen = dict(zip(unknown, await asyncio.gather(*(self._choose(a) for a in unknown)), strict=True))
@@ -125,37 +126,13 @@ class AutoWeightBroadcaster(ReplicaChannels):
             )
         )
         results = {r.address: r for answer in answers for r in answer}
-        fetched = [a for t, members in groups.items() if t != "grpc" for a in members if not results[a].ok]
-        if fetched:
-            results.update(await self._fall_back(fetched, tensors, version, rollback, results))
-        for result in results.values():
+        via = {a: t for t, members in groups.items() for a in members}
+        for address, result in results.items():
             if not result.ok:
-                self.choices.pop(result.address, None)
+                self.choices.pop(address, None)
+            elif via[address] != "grpc" and result.transport == "grpc":
+                self.choices[address] = "grpc"  # it took the fallback: it stays there
         return [results[a] for a in targets]
-
-    async def _fall_back(
-        self,
-        addresses: list[str],
-        tensors: dict[str, torch.Tensor],
-        version: int,
-        rollback: bool,
-        failed: dict[str, ReplicaResult],
-    ) -> dict[str, ReplicaResult]:
-        """The update again over the stream to replicas that failed a fetched transport (what
-        they report can be wrong: a GPU they cannot map, a network NCCL cannot cross); one that
-        takes it stays on gRPC."""
-        for address in addresses:
-            log.warning(
-                "replica %s failed a %s update (%s); sending it over gRPC",
-                address,
-                self.choices.get(address),
-                failed[address].error,
-            )
-        results = await self.by_transport["grpc"].broadcast(tensors, version, addresses, rollback)
-        for result in results:
-            if result.ok:
-                self.choices[result.address] = "grpc"
-        return {r.address: r for r in results}
 
     async def close(self) -> None:
         await super().close()
@@ -184,7 +161,9 @@ class SyncTarget:
     """vLLM workers per replica, each a rank of a collective."""
 
 
-def _collective(addresses, settings, client, target: SyncTarget, backend: str) -> CollectiveWeightBroadcaster:
+def _collective(
+    addresses, settings, client, target: SyncTarget, backend: Backend
+) -> CollectiveWeightBroadcaster:
     return CollectiveWeightBroadcaster(
         addresses,
         settings,
@@ -206,8 +185,8 @@ def build_broadcaster(
     if transport == "ipc":
         return IpcWeightBroadcaster(addresses, settings, client)
     if transport == "nccl":
-        torch_backend = "nccl" if target.device.type == "cuda" else "gloo"
-        backend = "pynccl" if target.engine == "vllm" else torch_backend
+        torch_backend: Backend = "nccl" if target.device.type == "cuda" else "gloo"
+        backend: Backend = "pynccl" if target.engine == "vllm" else torch_backend
         return _collective(addresses, settings, client, target, backend)
     if transport == "auto":
         by_transport: dict[str, WeightBroadcaster] = {
@@ -238,7 +217,7 @@ async def measure_sync(
     rounds: int = 3,
     engine: str = "torch",
     host: str = "127.0.0.1",
-) -> list[ReplicaResult]:
+) -> list[BroadcastResult]:
     """Syncs `tensors` from this process (their device is the trainer's) to the served replica
     at `address` over `transport` ("grpc", "ipc", "nccl", "auto"), `rounds` times, each as the
     version after the replica's; one result per round: `bytes / seconds` is its throughput
@@ -249,8 +228,10 @@ async def measure_sync(
     client = ClientOptions()
     channel = open_channel(address, client)
     try:
-        status = await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
-            inference_pb2.GetInferenceStatusRequest(), timeout=PROBE_TIMEOUT_S
+        status = status_from_proto(
+            await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
+                status_request(), timeout=PROBE_TIMEOUT_S
+            )
         )
     finally:
         await channel.close()

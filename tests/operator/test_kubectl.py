@@ -70,6 +70,10 @@ BAD = {
         ),
         "spec.storage.accessModes: Invalid value",
     ),
+    "two model sources (CEL)": (
+        lambda r: r["spec"].update(model={"claim": {"claimName": "w"}, "image": {"path": "/opt/m"}}),
+        "set exactly one of claim, huggingFace and image",
+    ),
     "a run name that cannot name its Services (CEL on metadata)": (
         lambda r: r["metadata"].update(name="9-starts-with-a-digit"),
         "the RLRun name must be a DNS label starting with a letter",

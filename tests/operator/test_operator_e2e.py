@@ -34,7 +34,7 @@ from .runs import (
 
 
 async def test_operator_end_to_end(
-    cluster, namespace, kube, run_operator, orchestrator_stub, eventually, operator_account
+    cluster, namespace, kube, kubectl, run_operator, orchestrator_stub, eventually, operator_account
 ):
     await run_operator(
         status_interval_s=0.5, status_timeout_s=1.0, status_address=f"127.0.0.1:{orchestrator_stub.port}"
@@ -104,6 +104,9 @@ async def test_operator_end_to_end(
         "Restarted": "False",
     }
     assert orchestrator_stub.calls >= 1  # the first poll comes an interval after the create pass
+    # `kubectl get rlrun` prints them in the CRD's columns (the API server's Table output).
+    _, out, _ = await kubectl("get", "rlrun", NAME, "--no-headers")
+    assert out.split()[:5] == [NAME, "Running", "7", "0.625", "7"]
     # The run's generated Secret and NetworkPolicy, owned by it; the status poll carries the
     # token the pods mount (the stand-in records it), and the operator read no Secret for it.
     secret = await call(kube.get, "v1", "Secret", namespace, f"{NAME}-auth")

@@ -856,7 +856,12 @@ def test_the_model_download_fetches_into_the_mounted_directory(tmp_path, monkeyp
 @pytest.mark.parametrize(
     ("model", "where"),
     [
-        ({}, "exactly one of claim and huggingFace"),
+        ({}, "exactly one of claim, huggingFace and image"),
+        (
+            {"claim": {"claimName": "w"}, "image": {"path": "/opt/m"}},
+            "exactly one of claim, huggingFace and image",
+        ),
+        ({"image": {"path": "relative"}}, "spec.model.image.path"),
         ({"claim": {"claimName": "w", "subPath": "../x"}}, "spec.model.claim.subPath"),
         ({"huggingFace": {"id": "not a repo", "cacheSize": "1Gi"}}, "spec.model.huggingFace.id"),
         ({"huggingFace": {"id": "a/b"}}, "spec.model.huggingFace.cacheSize"),
@@ -954,3 +959,24 @@ def test_bad_pod_customisation_names_the_field(overrides, path, message):
     state = desired_state(make_run(trainer=overrides))
     assert state.error is not None and not state.objects
     assert state.error.path == path and message in str(state.error), str(state.error)
+
+
+def test_a_model_path_no_model_source_backs_is_refused_naming_the_field():
+    """`model.path` with no spec.model: nothing would put the weights there, so the pods would
+    start with no model (a plain emptyDir, or a path in no image)."""
+    run = make_run(config=BASE_CONFIG.replace("[model]", '[model]\npath = "/data/my-model"'))
+    state = desired_state(run)
+    assert state.objects == []
+    assert state.error_message.startswith(
+        "spec.config.model.path: /data/my-model is backed by no model source"
+    )
+    assert "spec.model" in state.error_message
+
+
+def test_a_model_baked_into_the_images_mounts_nothing():
+    state = desired_state(make_run(model={"image": {"path": "/opt/models/qwen3"}}))
+    assert state.error is None
+    assert rendered(state)["model"]["path"] == "/opt/models/qwen3"
+    for (kind, name), obj in objects(state).items():
+        if kind in ("StatefulSet", "Deployment"):
+            assert "model" not in {v["name"] for v in pod(obj).get("volumes", [])}, name

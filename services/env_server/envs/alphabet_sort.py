@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import string
 
-from rlrun.common.types import RewardComponent
+from rlrun.common.wire.trace import RewardComponent
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import Episode
 from rlrun.env_server.sdk.harnesses import MultiTurnHarness, SingleTurnHarness

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 
-from rlrun.common.types import PlanTarget
+from rlrun.common.wire.plan import PlanTarget
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import Episode
 from rlrun.env_server.sdk.harnesses import TurnHarness

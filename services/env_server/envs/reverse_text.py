@@ -11,7 +11,7 @@ import json
 import random
 import string
 
-from rlrun.common.types import Trace
+from rlrun.common.wire.trace import Trace
 from rlrun.env_server.sdk.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import Episode

@@ -17,18 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.common.types import Channel, Trace, WireError, validate_dims
-
-
-@dataclass
-class BranchResult:
-    trace_id: str
-    branch_index: int
-    channels: list[Channel]
-    """One value per branch token in each channel."""
-    mask: list[bool]
-    """Per branch token, true where the token trains."""
-
+from rlrun.common.wire import WireError
+from rlrun.common.wire.env import BranchResult
+from rlrun.common.wire.trace import Channel, Trace, validate_dims
 
 Scorer = Callable[[list[str], list[int], int, float], Awaitable[list[float]]]
 """(replica addresses, token ids, start, temperature) -> logprobs of token_ids[start:]."""

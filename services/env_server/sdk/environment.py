@@ -7,7 +7,8 @@ import asyncio
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from rlrun.common.types import PlanTarget, Trace
+from rlrun.common.wire.plan import PlanTarget
+from rlrun.common.wire.trace import Trace
 from rlrun.env_server.sdk.algorithms import EnvAlgorithm
 from rlrun.env_server.sdk.episode import Episode
 from rlrun.env_server.sdk.harness import Harness

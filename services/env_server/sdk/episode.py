@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from rlrun.common.types import StopCondition
-from rlrun.env_server.sdk.completion import Completion
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.trace import StopCondition
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.models import Model
 from rlrun.env_server.sdk.task import Task

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -11,50 +10,31 @@ import grpc
 import grpc.aio
 
 from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
-from rlrun.common.types import SamplingParams
-from rlrun.common.wire import sampling_to_proto
-from rlrun.env_server.sdk.completion import Completion
+from rlrun.common.wire import WireError
+from rlrun.common.wire.inference import (
+    Completion,
+    GenerateRequest,
+    InferenceStatus,
+    generate_request_to_proto,
+    generate_response_from_proto,
+    status_from_proto,
+    status_request,
+)
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError
-from rlrun.v1 import inference_pb2, inference_pb2_grpc
-
-_FINISH = {inference_pb2.FINISH_REASON_STOP: "stop", inference_pb2.FINISH_REASON_LENGTH: "length"}
+from rlrun.v1 import inference_pb2_grpc
 
 
-def completions_from_proto(
-    response: inference_pb2.GenerateResponse, n: int, address: str
-) -> list[Completion]:
-    """Checks the token contract of a GenerateResponse; a broken one is InvalidModelOutput.
-
-    Token ids are only checked to be non-negative: a model's vocabulary is often padded beyond
-    its tokenizer's, and ids from the padding are still valid model output (they decode to
-    nothing and train like any other token)."""
-    if len(response.completions) != n:
-        raise InvalidModelOutput(f"{address} returned {len(response.completions)} completions for n = {n}")
-    out = []
-    for i, c in enumerate(response.completions):
-        at = f"{address} completions[{i}]"
-        if c.finish_reason == inference_pb2.FINISH_REASON_ABORT:
-            raise ModelCallError("ABORTED", f"Generate on {address}: the request was aborted", retryable=True)
-        if c.finish_reason not in _FINISH:
-            raise InvalidModelOutput(f"{at} has no finish reason")
-        if len(c.logprobs) != len(c.token_ids):
-            raise InvalidModelOutput(f"{at} has {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
-        if any(t < 0 for t in c.token_ids):
-            raise InvalidModelOutput(f"{at} has a negative token id")
-        if any(not (math.isfinite(lp) and lp <= 0.0) for lp in c.logprobs):
-            raise InvalidModelOutput(f"{at} has a logprob that is not a finite number <= 0")
-        if c.policy_version_start > c.policy_version_end:
-            raise InvalidModelOutput(f"{at} policy_version_start > policy_version_end")
-        out.append(
-            Completion(
-                list(c.token_ids),
-                list(c.logprobs),
-                _FINISH[c.finish_reason],  # type: ignore[arg-type]
-                c.policy_version_start,
-                c.policy_version_end,
-            )
-        )
-    return out
+def completions_from_proto(response, n: int, address: str) -> list[Completion]:
+    """The reply's completions under the token contract (`generate_response_from_proto`): a
+    broken one is InvalidModelOutput, an aborted one a retryable ModelCallError."""
+    try:
+        completions = generate_response_from_proto(response, n, address)
+    except WireError as error:
+        raise InvalidModelOutput(error.message) from None
+    if any(c.finish_reason == "abort" for c in completions):
+        raise ModelCallError("ABORTED", f"Generate on {address}: the request was aborted", retryable=True)
+    return completions
 
 
 class InferenceClient:
@@ -91,17 +71,16 @@ class InferenceClient:
     async def generate(
         self, addresses: Sequence[str], prompt_ids: list[int], sampling: SamplingParams, request_id: str = ""
     ) -> list[Completion]:
-        request = inference_pb2.GenerateRequest(
-            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling_to_proto(sampling)
-        )
+        request = generate_request_to_proto(GenerateRequest(prompt_ids, sampling, request_id))
         backoff = UnavailableBackoff(self.unavailable_retry_s)
         failed: set[str] = set()
         while True:
             address = self.pick(addresses, frozenset(failed))
             self.in_flight[address] += 1
             try:
-                response = await self._stub(address).Generate(request)
-                return completions_from_proto(response, sampling.n, address)
+                return completions_from_proto(
+                    await self._stub(address).Generate(request), sampling.n, address
+                )
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     raise ModelCallError.from_rpc(error, address) from None
@@ -115,6 +94,10 @@ class InferenceClient:
                 await asyncio.sleep(delay)
             finally:
                 self.in_flight[address] -= 1
+
+    async def status(self, address: str) -> InferenceStatus:
+        """One replica's GetStatus."""
+        return status_from_proto(await self._stub(address).GetStatus(status_request()))
 
     async def close(self) -> None:
         for channel in self._channels.values():

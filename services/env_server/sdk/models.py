@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlrun.common.tokenizer import ChatMessage, Tokenizer
-from rlrun.common.types import SamplingParams
-from rlrun.env_server.sdk.completion import Completion
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.sdk.inference_client import InferenceClient
 from rlrun.env_server.sdk.openai_client import OpenAIChatClient
 
@@ -25,12 +25,6 @@ class Model(Protocol):
     async def complete(self, prompt_ids: list[int], n: int = 1) -> list[Completion]:
         """`n` continuations of `prompt_ids` (which end with the assistant header)."""
         ...
-
-
-def with_stop_tokens(sampling: SamplingParams, stop_token_ids: list[int]) -> SamplingParams:
-    """The plan's sampling plus the tokenizer's stop tokens: an assistant message ends there."""
-    merged = list(sampling.stop_token_ids) + [t for t in stop_token_ids if t not in sampling.stop_token_ids]
-    return dataclasses.replace(sampling, stop_token_ids=merged)
 
 
 class InferenceModel:

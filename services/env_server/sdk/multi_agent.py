@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rlrun.common.aio import all_or_nothing
-from rlrun.common.types import MemberRole
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.plan import MemberRole
 from rlrun.env_server.sdk.channels import public_text
-from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.episode import Episode
 from rlrun.env_server.sdk.models import Model

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlrun.common.tokenizer import ChatMessage
-from rlrun.common.types import ModelEndpoint, SamplingParams
+from rlrun.common.wire.plan import ModelEndpoint
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError
 
 log = logging.getLogger("rlrun.env_server.openai")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.common.types import ExampleId, RewardComponent
+from rlrun.common.wire.trace import ExampleId, RewardComponent
 
 
 @dataclass(frozen=True)

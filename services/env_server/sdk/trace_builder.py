@@ -8,7 +8,7 @@ of an earlier node, which opens a new branch and keeps the old one intact.
 
 from __future__ import annotations
 
-from rlrun.common.types import Branch, MessageNode, Role
+from rlrun.common.wire.trace import Branch, MessageNode, Role
 
 
 class TraceBuilder:

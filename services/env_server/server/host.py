@@ -7,16 +7,17 @@ import asyncio
 import itertools
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rlrun.common.config import EnvConfig, RunConfig
 from rlrun.common.errors import RequestError
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.tokenizer_info import load_with_info
-from rlrun.common.types import GenerationPlan, Trace, TraceError
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.env import BranchResult, EncodedTraces, EnvInfo, TraceSummary, encode_traces
+from rlrun.common.wire.plan import GenerationPlan
+from rlrun.common.wire.trace import TaskRef, Trace, TraceError
 from rlrun.env_server.envs.registry import make_env
-from rlrun.env_server.sdk.algorithms import AlgorithmContext, BranchResult, run_env_algorithms
+from rlrun.env_server.sdk.algorithms import AlgorithmContext, run_env_algorithms
 from rlrun.env_server.sdk.task import Task
 from rlrun.env_server.server.logs import RolloutLog
 from rlrun.env_server.server.metrics import CANCELLED as CANCELLED_ROLLOUTS
@@ -32,9 +33,6 @@ from rlrun.env_server.server.model_scorer import ModelScorer
 from rlrun.env_server.server.pool import JobCancelled, WorkerLost, WorkerPool
 from rlrun.env_server.server.rollout import CANCELLED, RolloutJob, error_traces
 from rlrun.env_server.server.worker import WorkerSpec
-from rlrun.v1 import env_pb2, trace_pb2
-
-Response = TypeVar("Response", env_pb2.RunRolloutResponse, env_pb2.RunGroupResponse)
 
 REMEMBERED_CANCELS = 4096
 """Cancelled ids kept, so that a request arriving after its Cancel is cancelled at once."""
@@ -99,8 +97,8 @@ class EnvHost:
 
     # -- GetInfo and validation ---------------------------------------------------------------
 
-    def info(self) -> env_pb2.EnvInfo:
-        return env_pb2.EnvInfo(
+    def info(self) -> EnvInfo:
+        return EnvInfo(
             env_id=self.key,
             task_counts=self.env.taskset.sizes,
             group_scoring=self.env.group_scoring,
@@ -111,7 +109,7 @@ class EnvHost:
             tokenizer=self.tokenizer,
         )
 
-    def task(self, ref: trace_pb2.TaskRef, where: str = "task") -> Task:
+    def task(self, ref: TaskRef, where: str = "task") -> Task:
         sizes = self.env.taskset.sizes
         if ref.split not in sizes:
             raise RequestError(
@@ -149,12 +147,11 @@ class EnvHost:
                     f"{at}.model.kind",
                     f"env {self.key!r} has no {what}, so it cannot play the rule target {key!r}",
                 )
-            target.sampling.validate(f"{at}.sampling", vocab_size=self.vocab_size)
 
     # -- rollouts -----------------------------------------------------------------------------
 
-    async def run(self, job: RolloutJob, timeout_s: float, response_type: type[Response]) -> Response:
-        """Runs the job on the pool; every outcome but a server bug is a response with traces."""
+    async def run(self, job: RolloutJob, timeout_s: float) -> EncodedTraces:
+        """Runs the job on the pool; every outcome but a server bug is traces."""
         job_id = next(self._job_ids)
         cancelled = asyncio.Event()
         if job.group_id in self._cancelled or any(rid in self._cancelled for rid in job.rollout_ids):
@@ -162,42 +159,40 @@ class EnvHost:
         self._jobs[job_id] = (job, cancelled)
         IN_FLIGHT.labels(self.key).inc(len(job.rollout_ids))
         try:
-            response = response_type.FromString(await self.pool.run(job_id, job, timeout_s, cancelled))
+            encoded = EncodedTraces(await self.pool.run(job_id, job, timeout_s, cancelled))
         except JobCancelled:
-            response = self._synthesized(
-                response_type, error_traces(job, CANCELLED, stop="cancelled", members=self.env.members)
+            encoded = self._synthesized(
+                error_traces(job, CANCELLED, stop="cancelled", members=self.env.members)
             )
         except WorkerLost as error:
-            response = self._synthesized(
-                response_type,
-                error_traces(job, TraceError("WorkerLost", str(error), True), members=self.env.members),
+            encoded = self._synthesized(
+                error_traces(job, TraceError("WorkerLost", str(error), True), members=self.env.members)
             )
         finally:
             del self._jobs[job_id]
             IN_FLIGHT.labels(self.key).dec(len(job.rollout_ids))
-        self._record(response.traces)
-        return response
+        self._record(job, encoded.summaries())
+        return encoded
 
     @staticmethod
-    def _synthesized(response_type: type[Response], traces: list[Trace]) -> Response:
+    def _synthesized(traces: list[Trace]) -> EncodedTraces:
         for trace in traces:
             trace.validate()
-        return response_type(traces=[trace_to_proto(t) for t in traces])
+        return encode_traces(traces)
 
-    def _record(self, traces) -> None:
+    def _record(self, job: RolloutJob, traces: list[TraceSummary]) -> None:
         """One log line and one update per metric series for the whole request: per-rollout
         logging and labelling would cost more than the rest of the server's own work."""
         if not traces:
             return
-        self.rollout_log.record(traces[0].task, traces[0].group_id, traces)
-        split = traces[0].task.split
+        self.rollout_log.record(job.task.split, job.task.idx, job.group_id, traces)
+        split = job.task.split
         rollouts = {
             t.rollout_id: t for t in traces
         }.values()  # a multi-agent rollout has one trace per member
         stops = Counter(t.stop_condition for t in rollouts)
         for stop, count in stops.items():
-            name = trace_pb2.StopCondition.Name(stop).removeprefix("STOP_CONDITION_").lower()
-            ROLLOUTS.labels(self.key, split, name).inc(count)
+            ROLLOUTS.labels(self.key, split, stop or "unspecified").inc(count)
         for (kind, retryable), count in Counter(
             (e.type, e.retryable) for t in rollouts for e in t.errors
         ).items():
@@ -205,7 +200,7 @@ class EnvHost:
         FAILED_ROLLOUTS.labels(self.key).inc(
             sum(any(e.type != CANCELLED.type for e in t.errors) for t in rollouts)
         )
-        REQUEST_SECONDS.labels(self.key).observe(max(t.timing.total_s for t in traces))
+        REQUEST_SECONDS.labels(self.key).observe(max(t.total_s for t in traces))
 
     def cancel(self, group_ids: set[str], rollout_ids: set[str]) -> int:
         """Cancels every job of these groups or holding one of these rollouts (a group's job

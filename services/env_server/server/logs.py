@@ -7,10 +7,11 @@ records (tracebacks of failing harnesses) when logged with `extra={"split": ...}
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlrun.common.logs import JsonFormatter
-from rlrun.v1 import trace_pb2
+from rlrun.common.wire.env import TraceSummary, stop_condition_name
 
 SERVICE = "env-server"
 
@@ -47,21 +48,21 @@ class RolloutLog:
             self._loggers[split] = logger
         return logger
 
-    def record(self, task: trace_pb2.TaskRef, group_id: str, traces) -> None:
+    def record(self, split: str, idx: int, group_id: str, traces: Sequence[TraceSummary]) -> None:
         """Logs the outcome of one request: its task, and per trace (one per rollout, or per
         member of a multi-agent rollout) its rollout id, member, reward and stop condition,
         plus every error."""
-        self._logger(task.split).info(
+        self._logger(split).info(
             "rollouts",
             extra={
                 "env": self.name,
-                "split": task.split,
-                "idx": task.idx,
+                "split": split,
+                "idx": idx,
                 "group_id": group_id,
                 "rollout_ids": [t.rollout_id for t in traces],
                 "member_ids": [t.member_id for t in traces],
                 "rewards": [t.reward for t in traces],
-                "stop_conditions": [trace_pb2.StopCondition.Name(t.stop_condition) for t in traces],
+                "stop_conditions": [stop_condition_name(t.stop_condition) for t in traces],
                 "errors": [
                     {
                         "rollout_id": t.rollout_id,
@@ -72,7 +73,7 @@ class RolloutLog:
                     for t in traces
                     for e in t.errors
                 ],
-                "total_s": max((t.timing.total_s for t in traces), default=0.0),
+                "total_s": max((t.total_s for t in traces), default=0.0),
             },
         )
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.v1 import inference_pb2, inference_pb2_grpc
+from rlrun.common.wire.inference import ScoreRequest, score_request_to_proto, score_response_from_proto
+from rlrun.v1 import inference_pb2_grpc
 
 
 class ModelScorer:
@@ -27,10 +28,9 @@ class ModelScorer:
         self, addresses: list[str], token_ids: list[int], start: int, temperature: float
     ) -> list[float]:
         address = addresses[next(self._turn) % len(addresses)]
-        reply = await self._stub(address).Score(
-            inference_pb2.ScoreRequest(token_ids=token_ids, start=start, temperature=temperature)
-        )
-        return list(reply.logprobs)
+        request = ScoreRequest(token_ids, start, temperature)
+        reply = await self._stub(address).Score(score_request_to_proto(request))
+        return score_response_from_proto(reply, request, f"Score on {address}").logprobs
 
     async def close(self) -> None:
         for channel in self._channels:

@@ -16,7 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.common.types import GenerationPlan, PlanTarget, TaskRef, Trace, TraceError
+from rlrun.common.wire.plan import GenerationPlan, PlanTarget
+from rlrun.common.wire.trace import TaskRef, Trace, TraceError
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import POLICY, Episode
@@ -28,7 +29,6 @@ from rlrun.env_server.sdk.models import (
     OpenAIModel,
     RuleModel,
     RulePlayer,
-    with_stop_tokens,
 )
 from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode
 from rlrun.env_server.sdk.openai_client import OpenAIClients
@@ -82,7 +82,9 @@ def policy_target(plan: GenerationPlan) -> PlanTarget:
 
 
 def inference_model(target: PlanTarget, runtime: Runtime, request_id: str) -> InferenceModel:
-    sampling = with_stop_tokens(target.sampling, runtime.tokenizer.stop_token_ids)
+    # A compiled plan holds them already (the orchestrator's plan compiler); a plan from
+    # another client may not: an assistant message ends at the chat format's end either way.
+    sampling = target.sampling.with_stop_tokens(runtime.tokenizer.stop_token_ids)
     return InferenceModel(runtime.client, target.model.addresses, sampling, runtime.max_model_len, request_id)
 
 

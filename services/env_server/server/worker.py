@@ -28,13 +28,12 @@ from typing import Any
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.logs import setup_logging
 from rlrun.common.tokenizer import load_tokenizer
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.env import encode_traces
 from rlrun.env_server.envs.registry import make_env
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.inference_client import InferenceClient
 from rlrun.env_server.server.logs import SplitFileHandler
 from rlrun.env_server.server.rollout import RolloutJob, Runtime, run_rollouts
-from rlrun.v1 import env_pb2
 
 log = logging.getLogger("rlrun.env_server.worker")
 
@@ -100,7 +99,7 @@ class _Worker:
     async def _run(self, job_id: int, job: RolloutJob, timeout_s: float, cancelled: asyncio.Event) -> None:
         try:
             traces = await run_rollouts(self.env, job, self.runtime, timeout_s, cancelled)
-            payload = env_pb2.RunGroupResponse(traces=[trace_to_proto(t) for t in traces]).SerializeToString()
+            payload = encode_traces(traces).data
             send_message(self.writer, ("done", job_id, payload))
         except Exception as error:
             log.exception("job %d of env %s failed", job_id, job.env_key, extra={"split": job.task.split})

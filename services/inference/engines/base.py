@@ -1,4 +1,5 @@
-"""The interface every generation engine implements, and the dataclasses it speaks.
+"""The interface every generation engine implements, and the dataclasses it streams
+(the ones it returns are the wire's, `rlrun.common.wire.inference`).
 
 The gRPC servicer and the OpenAI-compatible app only ever talk to an `Engine`; proto
 messages stay at those boundaries.
@@ -9,33 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from rlrun.common.errors import RequestError
-from rlrun.common.types import SamplingParams
-from rlrun.v1 import weights_pb2
-
-FinishReason = Literal["stop", "length", "abort"]
-
-TopLogprobs = list[tuple[int, float]]
-"""The most likely tokens at one position with their logprobs, most likely first."""
-
-
-@dataclass
-class Completion:
-    """One sample of a request."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    """Per sampled token, under softmax(logits / T) (T = 1 for greedy), before top-k/top-p."""
-    finish_reason: FinishReason
-    policy_version_start: int
-    policy_version_end: int
-    top_logprobs: list[TopLogprobs] | None = None
-    """Per sampled token, when the request asked for `top_logprobs`: under the same
-    distribution as `logprobs`."""
+from rlrun.common.wire.inference import Completion, FinishReason, InferenceStatus, ScoreResult, TopLogprobs
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.weights import WeightSyncInfo, WeightUpdateHeader
 
 
 @dataclass
@@ -47,26 +28,6 @@ class StreamDelta:
     logprobs: list[float]
     finish_reason: FinishReason | None = None
     top_logprobs: list[TopLogprobs] | None = None
-
-
-@dataclass
-class ScoreResult:
-    logprobs: list[float]
-    policy_version: int
-    top_logprobs: list[TopLogprobs] | None = None
-    """Per scored token, when asked for: the most likely tokens at its position."""
-
-
-@dataclass
-class EngineStatus:
-    policy_version: int
-    running_requests: int
-    waiting_requests: int
-    tokens_per_s: float
-    paused: bool
-    model: str
-    engine: str
-    max_model_len: int
 
 
 def check_version_order(version: int, served: int) -> None:
@@ -156,25 +117,26 @@ class Engine(ABC):
         seconds from the call to the commit. On any error nothing changes."""
 
     @abstractmethod
-    async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
+    async def receive_weights_nccl(self, header: WeightUpdateHeader) -> float:
         """Joins the NCCL group the header names (once) and receives the announced tensors from
         rank 0 of it; applied atomically like `update_weights`."""
 
-    async def receive_weights_ipc(self, header: weights_pb2.WeightUpdateHeader) -> float:
+    async def receive_weights_ipc(self, header: WeightUpdateHeader) -> float:
         """Maps the trainer's staging buffer the header names (`header.ipc`) and copies the
         announced tensors from it, atomically like `update_weights`; returns once the copy is
         done, since the trainer then reuses the buffer."""
         raise RequestError("header.transport", f"the {self.name} engine takes no IPC weight updates")
 
-    def weight_sync_info(self) -> weights_pb2.WeightSyncInfo:
+    def weight_sync_info(self) -> WeightSyncInfo:
         """What this replica tells the trainer for choosing a weight transport (GetStatus)."""
-        return weights_pb2.WeightSyncInfo(transports=[weights_pb2.WEIGHT_TRANSPORT_GRPC])
+        return WeightSyncInfo(transports=["grpc"])
 
     @abstractmethod
-    def status(self) -> EngineStatus: ...
+    def status(self) -> InferenceStatus: ...
 
-    def _status(self, *, running: int, waiting: int, tokens_per_s: float, paused: bool) -> EngineStatus:
-        return EngineStatus(
+    def _status(self, *, running: int, waiting: int, tokens_per_s: float, paused: bool) -> InferenceStatus:
+        """The status less what the service adds (its tokenizer, the engine's weight sync)."""
+        return InferenceStatus(
             policy_version=self.policy_version,
             running_requests=running,
             waiting_requests=waiting,

@@ -30,17 +30,16 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 import torch
 
 from rlrun.common.errors import RequestError
-from rlrun.common.model.weights import ReceivedTensors
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.collective import CollectiveSource, collective_source
+from rlrun.common.weights.ipc import IpcSource, ipc_source
+from rlrun.common.weights.protocol import ReceivedTensors
+from rlrun.common.weights.receiver import torch_sync_info
+from rlrun.common.wire.inference import Completion, InferenceStatus, ScoreResult
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.weights import WeightSyncInfo, WeightUpdateHeader
 from rlrun.inference import metrics
-from rlrun.inference.engines.base import (
-    Completion,
-    Engine,
-    EngineStatus,
-    ScoreResult,
-    StreamDelta,
-)
-from rlrun.inference.engines.torch_core import (
+from rlrun.inference.engines.base import Engine, StreamDelta
+from rlrun.inference.engines.core_protocol import (
     DELTAS,
     DONE,
     END,
@@ -53,14 +52,6 @@ from rlrun.inference.engines.torch_core import (
     Submit,
 )
 from rlrun.inference.throughput import ThroughputMeter
-from rlrun.inference.weight_transports import (
-    CollectiveSource,
-    IpcSource,
-    collective_source,
-    ipc_source,
-    sync_info,
-)
-from rlrun.v1 import weights_pb2
 
 log = logging.getLogger(__name__)
 
@@ -305,16 +296,16 @@ class CoreClient(Engine):
     ) -> ScoreResult:
         return await self._call(lambda rid: Score(rid, list(token_ids), start, temperature, top_logprobs))
 
-    async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
+    async def receive_weights_nccl(self, header: WeightUpdateHeader) -> float:
         return await self._transfer(
             collective_source(header, self.weight_specs(), self.device), header.version
         )
 
-    async def receive_weights_ipc(self, header: weights_pb2.WeightUpdateHeader) -> float:
+    async def receive_weights_ipc(self, header: WeightUpdateHeader) -> float:
         return await self._transfer(ipc_source(header, self.weight_specs()), header.version)
 
-    def weight_sync_info(self) -> weights_pb2.WeightSyncInfo:
-        return sync_info(self.device)
+    def weight_sync_info(self) -> WeightSyncInfo:
+        return torch_sync_info(self.device)
 
     async def _transfer(self, source: IpcSource | CollectiveSource, version: int) -> float:
         """Has the core fetch the update and copy it in between two steps; returns once it
@@ -334,7 +325,7 @@ class CoreClient(Engine):
         if update == self._updates:
             self._set_version(version)
 
-    def status(self) -> EngineStatus:
+    def status(self) -> InferenceStatus:
         return self._status(
             running=self._running_requests,
             waiting=self._waiting_requests,

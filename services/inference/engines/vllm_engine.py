@@ -45,23 +45,15 @@ from rlrun.common.config import RunConfig
 from rlrun.common.errors import RequestError
 from rlrun.common.model import ArchConfig, arch_dict, build_model, create_model, save_checkpoint_dir
 from rlrun.common.model.load import DTYPES
-from rlrun.common.model.weight_groups import node_id
-from rlrun.common.model.weights import PB_TO_TORCH, TORCH_TO_PB, broadcast_tensors
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.protocol import broadcast_tensors, dtype_name, node_id
+from rlrun.common.wire.inference import Completion, FinishReason, InferenceStatus, ScoreResult, TopLogprobs
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.weights import WeightSyncInfo, WeightUpdateHeader
 from rlrun.inference import metrics
-from rlrun.inference.engines.base import (
-    Completion,
-    Engine,
-    EngineStatus,
-    FinishReason,
-    ScoreResult,
-    StreamDelta,
-    TopLogprobs,
-)
+from rlrun.inference.engines.base import Engine, StreamDelta
 from rlrun.inference.logits import vllm_kwargs
 from rlrun.inference.params import GenerationParams
 from rlrun.inference.throughput import ThroughputMeter
-from rlrun.v1 import weights_pb2
 
 log = logging.getLogger(__name__)
 
@@ -206,21 +198,18 @@ def prompt_scores(
 
 
 def nccl_tensor_specs(
-    header: weights_pb2.WeightUpdateHeader, expected: dict[str, torch.Tensor]
+    header: WeightUpdateHeader, expected: dict[str, torch.Tensor]
 ) -> list[tuple[str, str, list[int]]]:
     """(name, torch dtype name, shape) per announced tensor, in stream order, after checking
     that the header announces exactly the model's tensors."""
     announced = {spec.name: (spec.dtype, tuple(spec.shape)) for spec in header.tensors}
-    wanted = {name: (TORCH_TO_PB[t.dtype], tuple(t.shape)) for name, t in expected.items()}
+    wanted = {name: (dtype_name(t.dtype), tuple(t.shape)) for name, t in expected.items()}
     if len(announced) != len(header.tensors) or announced != wanted:
         differing = sorted(set(announced.items()) ^ set(wanted.items()))[:5]
         raise RequestError(
             "header.tensors", f"header.tensors does not match the model; differing entries: {differing}"
         )
-    return [
-        (spec.name, str(PB_TO_TORCH[spec.dtype]).removeprefix("torch."), list(spec.shape))
-        for spec in header.tensors
-    ]
+    return [(spec.name, spec.dtype, list(spec.shape)) for spec in header.tensors]
 
 
 def tensor_payload(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
@@ -411,9 +400,10 @@ class VllmEngine(Engine):
         await self._llm.reset_prefix_cache()
         return self._applied(version, started)
 
-    async def receive_weights_nccl(self, header: weights_pb2.WeightUpdateHeader) -> float:
+    async def receive_weights_nccl(self, header: WeightUpdateHeader) -> float:
         specs = nccl_tensor_specs(header, self._specs)
         rendezvous = header.nccl
+        assert rendezvous is not None  # the stream's receiver refused an nccl header without it
         group = (
             rendezvous.host,
             rendezvous.port,
@@ -447,17 +437,12 @@ class VllmEngine(Engine):
         metrics.WEIGHT_APPLY_SECONDS.observe(seconds)
         return seconds
 
-    def weight_sync_info(self) -> weights_pb2.WeightSyncInfo:
+    def weight_sync_info(self) -> WeightSyncInfo:
         """vLLM's workers take updates over gRPC or join vLLM's own NCCL communicator
         (`vllm_worker`), so the trainer's `auto` picks the communicator from a CUDA trainer."""
-        return weights_pb2.WeightSyncInfo(
-            node_id=node_id(),
-            device="cuda",
-            transports=[weights_pb2.WEIGHT_TRANSPORT_GRPC, weights_pb2.WEIGHT_TRANSPORT_NCCL],
-            backends=[weights_pb2.COLLECTIVE_BACKEND_PYNCCL],
-        )
+        return WeightSyncInfo(node_id(), "cuda", ["grpc", "nccl"], ["pynccl"])
 
-    def status(self) -> EngineStatus:
+    def status(self) -> InferenceStatus:
         return self._status(
             running=self._in_flight,
             waiting=0,

@@ -21,6 +21,7 @@ The NCCL weight broadcast, as the trainer must drive it:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 
 import torch
 
@@ -50,23 +51,28 @@ class RlrunWorkerExtension:
         self._rlrun_load([(name, tensor.to(self.device)) for name, tensor in tensors_from_payload(payload)])
 
     def rlrun_join_weight_group(self, host: str, port: int, world_size: int, first_rank: int) -> None:
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        """Joins as the trainer does (`join_weight_group`, backend "pynccl"): the collective
+        transport's receiving half for vLLM (rlrun.common.weights.collective)."""
         from vllm.distributed.parallel_state import get_world_group
-        from vllm.distributed.utils import StatelessProcessGroup
+
+        from rlrun.common.weights.collective import COLLECTIVE_TIMEOUT_S
+        from rlrun.common.weights.groups import join_weight_group
 
         rank = first_rank + get_world_group().rank
-        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-        self.rlrun_weight_group = PyNcclCommunicator(group, device=self.device)
+        timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        self.rlrun_weight_group = join_weight_group(
+            "pynccl", host, port, rank, world_size, self.device, timeout
+        )
 
     def rlrun_receive_weights(self, specs: list[tuple[str, str, list[int]]]) -> None:
         """Receives each announced tensor from rank 0 of the weight group, in header order,
         and loads them as they arrive."""
-        communicator = self.rlrun_weight_group
+        group = self.rlrun_weight_group
 
         def received() -> Iterator[tuple[str, torch.Tensor]]:
             for name, dtype, shape in specs:
                 buffer = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-                communicator.broadcast(buffer, src=0, stream=torch.cuda.current_stream())
+                group.broadcast(buffer)
                 yield name, buffer
 
         self._rlrun_load(received())

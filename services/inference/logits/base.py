@@ -13,7 +13,7 @@ import torch
 from rlrun.common.errors import RequestError
 
 if TYPE_CHECKING:
-    from rlrun.common.types import SamplingParams
+    from rlrun.common.wire.sampling import SamplingParams
     from rlrun.inference.structured import GrammarCompiler
 
 History = Callable[[int], tuple[Sequence[int], Sequence[int]]]

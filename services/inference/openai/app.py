@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.wire.plan import TokenizerInfo
 from rlrun.inference.engines.base import Engine, QueueFullError
 from rlrun.inference.openai.protocol import (
     ChatCompletionRequest,
@@ -33,7 +34,6 @@ from rlrun.inference.openai.request_params import BODY
 from rlrun.inference.openai.serving import Answer, OpenAIServing
 from rlrun.inference.openai.tito import DetokenizeRequest, GenerateRequest, TokenizeRequest, TokensServing
 from rlrun.inference.text_path import TextPath
-from rlrun.v1 import plan_pb2
 
 
 def build_openai_app(
@@ -48,9 +48,7 @@ def build_openai_app(
     app = FastAPI(title="rlrun inference", description="OpenAI-compatible API over the live policy.")
     serving = OpenAIServing(engine, tokenizer, model_id)
     if text is None:
-        info = plan_pb2.TokenizerInfo(
-            vocab_size=tokenizer.vocab_size, stop_token_ids=tokenizer.stop_token_ids
-        )
+        info = TokenizerInfo(vocab_size=tokenizer.vocab_size, stop_token_ids=list(tokenizer.stop_token_ids))
         text = TextPath(tokenizer, info)
     tokens = TokensServing(engine, text, model_id)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.inference.engines.base import Completion, FinishReason, TopLogprobs
+from rlrun.common.wire.inference import Completion, FinishReason, TopLogprobs
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest
 from rlrun.inference.openai.request_params import stop_strings
 from rlrun.inference.openai.text import visible_text

@@ -12,8 +12,9 @@ from typing import Any
 
 from rlrun.common.aio import all_or_nothing
 from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.wire.inference import Completion, FinishReason, TopLogprobs
 from rlrun.inference.batch_calls import primed_streams
-from rlrun.inference.engines.base import Completion, Engine, FinishReason, TopLogprobs
+from rlrun.inference.engines.base import Engine
 from rlrun.inference.openai.prompts import PromptBuilder, chat_prompts, completion_prompts
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelNotFound
 from rlrun.inference.openai.request_params import generation_requests, stop_strings, text_stop_strings

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlrun.common.tokenizer import Tokenizer
-from rlrun.inference.engines.base import StreamDelta, TopLogprobs
+from rlrun.common.wire.inference import TopLogprobs
+from rlrun.inference.engines.base import StreamDelta
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest
 from rlrun.inference.openai.request_params import stop_strings
 from rlrun.inference.openai.responses import (

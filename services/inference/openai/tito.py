@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlrun.common.errors import RequestError, describe_validation_error
 from rlrun.common.tokenizer import HFTokenizer, Tokenizer
-from rlrun.inference.engines.base import Completion, Engine
+from rlrun.common.wire.inference import Completion
+from rlrun.inference.engines.base import Engine
 from rlrun.inference.logits import RequestFields, read_knobs
 from rlrun.inference.openai.prompts import chat_prompts
 from rlrun.inference.openai.protocol import ChatCompletionRequest, ChatMessageIn, ModelNotFound, ToolIn

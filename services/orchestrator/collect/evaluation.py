@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlrun.common.types import TaskRef, Trace
+from rlrun.common.wire.trace import TaskRef, Trace
 from rlrun.orchestrator.collect.group import LEARNER_SEAT, RolloutGroup
 from rlrun.orchestrator.collect.rollouts import EnvRollouts, GroupFailure, run_group
 

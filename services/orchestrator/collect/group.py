@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlrun.common.types import TaskRef, Trace
+from rlrun.common.wire.trace import TaskRef, Trace
 
 LEARNER_SEAT = "learner_seat"
 """Trace info key under which a multi-agent env marks the seat the learner played."""

@@ -25,7 +25,7 @@ from collections import deque
 
 import grpc
 
-from rlrun.common.types import Trace, TraceError
+from rlrun.common.wire.trace import Trace, TraceError
 
 INFRASTRUCTURE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 GROUP_FAULT_CODES = frozenset(

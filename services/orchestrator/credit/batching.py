@@ -15,7 +15,7 @@ from itertools import compress
 
 import numpy as np
 
-from rlrun.common.types import TrainingSample
+from rlrun.common.wire.training import TrainingSample
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.filters import RolloutFilters
 from rlrun.orchestrator.credit.flatten import flatten_trace

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from rlrun.common.config import FiltersConfig
-from rlrun.common.types import Trace
+from rlrun.common.wire.trace import Trace
 
 OUT_OF_VOCABULARY = "out_of_vocabulary"
 

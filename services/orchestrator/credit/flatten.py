@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import operator
 
-from rlrun.common.types import Branch, Channel, MessageNode, Trace, TrainingSample
+from rlrun.common.wire.trace import Branch, Channel, MessageNode, Trace
+from rlrun.common.wire.training import TrainingSample
 
 
 def merge_channels(channels: list[Channel]) -> list[Channel]:

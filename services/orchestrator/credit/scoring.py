@@ -7,7 +7,8 @@ import asyncio
 import itertools
 
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.v1 import inference_pb2, inference_pb2_grpc
+from rlrun.common.wire.inference import ScoreRequest, score_request_to_proto, score_response_from_proto
+from rlrun.v1 import inference_pb2_grpc
 
 
 class InferenceScorer:
@@ -20,17 +21,10 @@ class InferenceScorer:
         self._slots = asyncio.Semaphore(max_concurrency)
 
     async def score(self, token_ids: list[int], start: int, temperature: float) -> list[float]:
+        request = ScoreRequest(token_ids, start, temperature)
         async with self._slots:
-            reply = await next(self._stubs).Score(
-                inference_pb2.ScoreRequest(token_ids=token_ids, start=start, temperature=temperature)
-            )
-        expected = len(token_ids) - start
-        if len(reply.logprobs) != expected:
-            raise RuntimeError(
-                f"Score on {self.name!r} returned {len(reply.logprobs)} logprobs, expected {expected} "
-                f"(len(token_ids) - start)"
-            )
-        return list(reply.logprobs)
+            reply = await next(self._stubs).Score(score_request_to_proto(request))
+        return score_response_from_proto(reply, request, f"Score on {self.name!r}").logprobs
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.channels))

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from rlrun.common.wire.trainer import Resumed
 from rlrun.orchestrator.run.context import RunContext
 from rlrun.orchestrator.run.outputs import RunOutputs
 from rlrun.orchestrator.run.phase import Phase
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.state import OrchestratorState
 from rlrun.orchestrator.run.step import BuiltStep, RunFailed
-from rlrun.orchestrator.run.trainer_client import Resumed, TrainerClient
+from rlrun.orchestrator.run.trainer_client import TrainerClient
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,14 @@ import grpc
 from rlrun.common.config import POLICY, ConfigError, RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
 from rlrun.common.tokenizer_info import mismatch
-from rlrun.common.types import GenerationPlan
-from rlrun.common.wire import plan_to_proto
-from rlrun.orchestrator.collect.env_client import EnvClient, EnvDescription
+from rlrun.common.wire.env import EnvInfo, get_info_request
+from rlrun.common.wire.inference import status_from_proto, status_request
+from rlrun.common.wire.plan import TokenizerInfo
+from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.orchestrator.credit.scoring import InferenceScorer
-from rlrun.orchestrator.run.plan import check_env_temperature, with_chat_format
+from rlrun.orchestrator.run.plan import check_env_temperature
 from rlrun.orchestrator.run.trainer_client import TrainerClient
-from rlrun.v1 import env_pb2, env_pb2_grpc, inference_pb2, inference_pb2_grpc, plan_pb2
+from rlrun.v1 import env_pb2_grpc, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ async def wait_for_env_server(address: str, options: ClientOptions, timeout_s: f
         stub = env_pb2_grpc.EnvServiceStub(channel)
         while (remaining := deadline - loop.time()) > 0:
             try:
-                await stub.GetInfo(env_pb2.GetInfoRequest(), timeout=max(0.05, min(remaining, 2.0)))
+                await stub.GetInfo(get_info_request(), timeout=max(0.05, min(remaining, 2.0)))
                 return
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -128,27 +129,27 @@ class Connections:
         }
         self.trainer = TrainerClient(config.trainer.address, options, config.grpc.unavailable_retry_s)
         self._scorers: dict[str, InferenceScorer] = {}
-        self.tokenizer = plan_pb2.TokenizerInfo()
+        self.tokenizer = TokenizerInfo()
         """The live policy's tokenizer, as its replicas report it (set by describe_envs)."""
 
-    async def served_tokenizer(self) -> plan_pb2.TokenizerInfo:
+    async def served_tokenizer(self) -> TokenizerInfo:
         """The tokenizer every replica of the live policy serves; replicas that disagree fail."""
-        replies = []
+        served = []
         for address in self.config.inference.addresses:
             async with open_channel(address, self.options) as channel:
                 stub = inference_pb2_grpc.InferenceServiceStub(channel)
-                replies.append(await stub.GetStatus(inference_pb2.GetInferenceStatusRequest()))
-        first = replies[0].tokenizer
-        for address, reply in zip(self.config.inference.addresses, replies, strict=True):
-            if reply.tokenizer != first:
+                served.append(status_from_proto(await stub.GetStatus(status_request())).tokenizer)
+        first = served[0]
+        for address, tokenizer in zip(self.config.inference.addresses, served, strict=True):
+            if tokenizer != first:
                 raise ConfigError(
                     "inference.addresses",
                     f"replicas serve different tokenizers: {self.config.inference.addresses[0]} "
-                    f"{_describe(first)}, {address} {_describe(reply.tokenizer)}",
+                    f"{first.describe()}, {address} {tokenizer.describe()}",
                 )
         return first
 
-    async def describe_envs(self) -> dict[str, EnvDescription]:
+    async def describe_envs(self) -> dict[str, EnvInfo]:
         """Every env's GetInfo, checked against the run: a declared tokenizer must be the
         live policy's, a declared temperature the configured one (plan.check_env_temperature)."""
         self.tokenizer = await self.served_tokenizer()
@@ -164,17 +165,12 @@ class Connections:
                 raise ConfigError(
                     keys[i],
                     f"env {env.key!r} at {env.address} renders token ids with tokenizer "
-                    f"{_describe(description.tokenizer)} but the model serves {_describe(self.tokenizer)} "
+                    f"{description.tokenizer.describe()} but the model serves {self.tokenizer.describe()} "
                     f"({'; '.join(wrong)})",
                 )
             if i < len(orch.train.env):  # an eval env trains nothing: its temperature is its own
                 check_env_temperature(self.config, i, description.temperature)
         return {env.key: description for env, description in zip(envs, found, strict=True)}
-
-    def plan_proto(self, plan: GenerationPlan) -> plan_pb2.GenerationPlan:
-        """A plan as env-servers get it: with the model's tokenizer, its end tokens and the
-        replicas that serve the text-level RPCs (plan.with_chat_format)."""
-        return with_chat_format(plan_to_proto(plan), self.tokenizer, list(self.config.inference.addresses))
 
     def scorer(self, key: str, max_concurrency: int) -> InferenceScorer:
         """A scorer for a model key (`policy` or a key of orchestrator.models), opened once."""
@@ -205,7 +201,3 @@ class Connections:
             *(scorer.close() for scorer in self._scorers.values()),
             return_exceptions=True,
         )
-
-
-def _describe(info: plan_pb2.TokenizerInfo) -> str:
-    return f"{info.name or '(unnamed)'} (sha256 {info.sha256[:12] or '-'}, vocab_size {info.vocab_size})"

@@ -12,25 +12,18 @@ from typing import TYPE_CHECKING
 
 from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.config.orchestrator import POLICY
-from rlrun.common.types import GenerationPlan, Trace
-from rlrun.orchestrator.collect.env_client import EnvDescription
-from rlrun.orchestrator.collect.rollouts import EnvRollouts
+from rlrun.common.wire.env import EnvInfo
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint
+from rlrun.common.wire.trace import Trace
+from rlrun.orchestrator.collect.rollouts import EnvRollouts, FailureSink
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, BranchResult
 from rlrun.orchestrator.credit.filters import RolloutFilters
 from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec
 from rlrun.orchestrator.run.connections import Connections
-from rlrun.orchestrator.run.plan import (
-    RunPlans,
-    compile_plan,
-    compile_plans,
-    member_temperatures,
-    sampling_params,
-    trained_members,
-)
+from rlrun.orchestrator.run.plan import RunPlans, compile_plans, member_temperatures, trained_members
 from rlrun.orchestrator.run.state import OrchestratorState
 from rlrun.orchestrator.run.step import RunFailed
-from rlrun.v1 import plan_pb2
 
 if TYPE_CHECKING:
     from rlrun.common.tokenizer import Tokenizer
@@ -43,7 +36,7 @@ def model_vocab_size(config: RunConfig) -> int:
     return int(json.loads(Path(path).read_text())["vocab_size"])
 
 
-def check_members(config: RunConfig, descriptions: dict[str, EnvDescription]) -> None:
+def check_members(config: RunConfig, descriptions: dict[str, EnvInfo]) -> None:
     """The configured members against every env's (a multi-agent env names its seats)."""
     configured = sorted(m.id for m in config.orchestrator.members)
     for key, description in descriptions.items():
@@ -65,22 +58,14 @@ def check_members(config: RunConfig, descriptions: dict[str, EnvDescription]) ->
             )
 
 
-def algorithm_models(config: RunConfig) -> list[plan_pb2.ModelEndpoint]:
+def algorithm_models(config: RunConfig) -> list[ModelEndpoint]:
     """The model endpoints RunAlgorithms carries: the live policy and every inference target of
     [orchestrator.models] that has replicas (e.g. `reference`), so an env-owned algorithm can
     score with them."""
-    endpoints = [
-        plan_pb2.ModelEndpoint(
-            name=POLICY, kind=plan_pb2.ENDPOINT_KIND_INFERENCE, addresses=list(config.inference.addresses)
-        )
-    ]
+    endpoints = [ModelEndpoint(POLICY, "inference", list(config.inference.addresses))]
     for key, target in config.orchestrator.models.items():
         if target.kind == "inference" and target.addresses:
-            endpoints.append(
-                plan_pb2.ModelEndpoint(
-                    name=key, kind=plan_pb2.ENDPOINT_KIND_INFERENCE, addresses=list(target.addresses)
-                )
-            )
+            endpoints.append(ModelEndpoint(key, "inference", list(target.addresses)))
     return endpoints
 
 
@@ -89,25 +74,6 @@ class EvalSchedule:
     interval: int
     """Evaluate every this many RL steps (0: only before RL and at the end)."""
     num_tasks: int
-
-
-def eval_env_plans(config: RunConfig, plans: RunPlans) -> dict[str, GenerationPlan]:
-    """The eval plan of every env evaluated: each [[orchestrator.eval.env]] entry's (the
-    training sampling, then orchestrator.eval.sampling, then its own), or when there is none,
-    the training envs' (plans.eval)."""
-    orch = config.orchestrator
-    if not orch.eval.env:
-        return dict(plans.eval)
-    return {
-        env.key: compile_plan(
-            config,
-            actor=POLICY,
-            sampling=sampling_params(
-                orch.train.sampling, orch.eval.sampling, env.sampling, greedy=orch.eval.greedy
-            ),
-        )
-        for env in orch.eval.env
-    }
 
 
 def eval_schedule(config: RunConfig, eval_plans: dict[str, GenerationPlan]) -> dict[str, EvalSchedule]:
@@ -140,7 +106,7 @@ class MessageRenderer:
 
 @dataclass(frozen=True)
 class RunContext:
-    descriptions: dict[str, EnvDescription]
+    descriptions: dict[str, EnvInfo]
     plans: RunPlans
     credit: CreditPipelines
     """The RL phase's algorithms."""
@@ -169,11 +135,16 @@ class RunContext:
 
     @classmethod
     def build(
-        cls, config: RunConfig, connections: Connections, descriptions: dict[str, EnvDescription]
+        cls,
+        config: RunConfig,
+        connections: Connections,
+        descriptions: dict[str, EnvInfo],
+        failures: FailureSink | None = None,
     ) -> RunContext:
+        """`failures` hears of every failing rollout of every phase (the run's status)."""
         orch = config.orchestrator
         check_members(config, descriptions)
-        plans = compile_plans(config)
+        plans = compile_plans(config, connections.tokenizer, config.inference.addresses)
         env_by_id = {descriptions[e.key].env_id: connections.envs[e.key] for e in orch.train.env}
 
         models = algorithm_models(config)
@@ -225,9 +196,8 @@ class RunContext:
             [EnvTasks(env.key, env.ratio, task_count(env.key, "train"), held_out) for env in orch.train.env],
             orch.seed,
         )
-        eval_plans = eval_env_plans(config, plans)
         if orch.eval.enabled:
-            for key in eval_plans:
+            for key in plans.eval:
                 task_count(key, "eval")
         filters = RolloutFilters(orch.filters, model_vocab_size(config))
 
@@ -236,15 +206,16 @@ class RunContext:
                 key: EnvRollouts(
                     env=key,
                     client=connections.envs[key],
-                    plan=connections.plan_proto(plan),
+                    plan=plan,
                     trained_members=trained_members(plan, orch.multi_agent.drop_judge),
                     temperatures=member_temperatures(plan),
                     learner_seat_only=orch.multi_agent.filter_by_learner_seat,
+                    failures=failures,
                 )
                 for key, plan in phase_plans.items()
             }
 
-        eval_targets, dev_targets = targets(eval_plans), targets(plans.dev)
+        eval_targets, dev_targets = targets(plans.eval), targets(plans.dev)
         return cls(
             descriptions=descriptions,
             plans=plans,
@@ -259,5 +230,5 @@ class RunContext:
             initial=OrchestratorState(
                 trainer_step=0, policy_version=0, sampler=sampler.state(), algorithms=credit.state_dict()
             ),
-            eval_schedule=eval_schedule(config, eval_plans),
+            eval_schedule=eval_schedule(config, plans.eval),
         )

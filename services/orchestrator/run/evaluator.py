@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field
 
 from rlrun.common.config.orchestrator import OrchestratorConfig
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.evaluation import eval_tasks, run_eval
 from rlrun.orchestrator.collect.rollouts import EnvRollouts
 from rlrun.orchestrator.run.context import RunContext
 from rlrun.orchestrator.run.outputs import EVAL_DIR, RunOutputs
 from rlrun.orchestrator.run.progress import Progress
-from rlrun.orchestrator.run.status import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Evaluator:
         spec = _EvalSpec(targets, "eval", num_tasks, 1 if ev.greedy else ev.pass_k, "eval")
         summary = await self._run(spec, f"step_{rl_step}", rl_step)
         self.last = EvalRecord(rl_step, summary)
-        self.status.eval_reward = summary["eval_reward"]
+        self.status.evaluated("eval", rl_step, summary["eval_reward"])
         return summary
 
     async def evaluate_dev(self, warm_step: int) -> float:
@@ -128,7 +128,7 @@ class Evaluator:
         spec = _EvalSpec(targets, "train", dict.fromkeys(targets, self.orch.warm_start.dev_tasks), 1, "dev")
         summary = await self._run(spec, f"dev_step_{warm_step}", warm_step)
         self.progress.state.dev_reward = summary["dev_reward"]
-        self.status.eval_reward = summary["dev_reward"]
+        self.status.evaluated("dev", warm_step, summary["dev_reward"])
         return summary["dev_reward"]
 
     async def _run(self, spec: _EvalSpec, file: str, step: int) -> dict[str, float]:

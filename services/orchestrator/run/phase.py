@@ -8,12 +8,12 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from rlrun.common.config.orchestrator import OrchestratorConfig
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.rollouts import EnvRollouts
 from rlrun.orchestrator.collect.scheduler import SchedulerSettings
 from rlrun.orchestrator.credit.pipeline import CreditPipelines
 from rlrun.orchestrator.run.state import OrchestratorState
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.orchestrator.run.step import BuiltStep, StepRecord
 
 if TYPE_CHECKING:

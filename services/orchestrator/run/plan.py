@@ -1,20 +1,25 @@
-"""Compiles the run configuration into GenerationPlans, once, at the config boundary.
+"""Compiles the run configuration into GenerationPlans, once, at the config boundary: the one
+compiler of every plan a run (and `rlrun eval`) sends.
 
 A single-agent run becomes a one-target plan keyed "policy"; a multi-agent run
 ([[orchestrator.members]]) becomes the same type keyed by member id, each member with the role
-`train` (the live policy) or `fixed` (a named model target). The scheduler, the eval and the
-env-server requests read only these plans, never the raw config.
+`train` (the live policy) or `fixed` (a named model target). A plan is complete as compiled:
+the live policy's tokenizer, the replicas serving its text-level RPCs, and every target's stop
+tokens with the chat format's end-of-message tokens merged in (here, and nowhere else). The
+scheduler, the eval and the env-server requests read only these plans, never the raw config.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlrun.common.config import POLICY, ConfigError, EnvConfig, RunConfig, SamplingConfig, SamplingOverrides
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, WireError
-from rlrun.v1 import plan_pb2
+from rlrun.common.wire import WireError
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget, TokenizerInfo
+from rlrun.common.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +79,21 @@ def model_endpoint(key: str, config: RunConfig) -> ModelEndpoint:
     return ModelEndpoint(key, target.kind, list(target.addresses))
 
 
-def compile_plan(config: RunConfig, *, actor: str, sampling: SamplingParams) -> GenerationPlan:
+def compile_plan(
+    config: RunConfig,
+    *,
+    actor: str,
+    sampling: SamplingParams,
+    tokenizer: TokenizerInfo | None = None,
+    text_addresses: Sequence[str] = (),
+) -> GenerationPlan:
     """One plan: single-agent -> {"policy": actor}; multi-agent -> one target per member, where
-    `actor` plays every `train` member and fixed members keep their own model."""
+    `actor` plays every `train` member and fixed members keep their own model. `tokenizer`:
+    the live policy's, as its replicas report it (its end-of-message tokens join every
+    target's stop tokens, so an env that forwards the sampling as is stops where a message
+    ends); `text_addresses`: the replicas serving its text-level RPCs."""
+    tokenizer = tokenizer or TokenizerInfo()
+    sampling = sampling.with_stop_tokens(tokenizer.stop_token_ids)
     members = config.orchestrator.members
     if not members:
         role = "train" if actor == POLICY else "fixed"
@@ -88,7 +105,7 @@ def compile_plan(config: RunConfig, *, actor: str, sampling: SamplingParams) -> 
             )
             for m in members
         }
-    plan = GenerationPlan(targets)
+    plan = GenerationPlan(targets, tokenizer, list(text_addresses))
     try:
         plan.validate()
     except WireError as error:
@@ -160,57 +177,54 @@ def check_env_temperature(config: RunConfig, index: int, declared: float) -> Non
     log.warning("%s; no trained member samples from a model, so training is unaffected", what)
 
 
-def with_chat_format(
-    msg: plan_pb2.GenerationPlan, tokenizer: plan_pb2.TokenizerInfo, text_addresses: list[str]
-) -> plan_pb2.GenerationPlan:
-    """The plan as sent to env-servers: the live policy's tokenizer and the replicas that
-    serve its text-level RPCs, and the chat format's end tokens among every target's stop
-    tokens (an env that forwards the sampling as is stops where a message ends)."""
-    out = plan_pb2.GenerationPlan()
-    out.CopyFrom(msg)
-    out.tokenizer.CopyFrom(tokenizer)
-    out.text_addresses[:] = text_addresses
-    for target in out.targets:
-        stops = target.sampling.stop_token_ids
-        stops.extend(t for t in tokenizer.stop_token_ids if t not in stops)
-    return out
-
-
 @dataclass
 class RunPlans:
     """Every plan of the run, per env key."""
 
     train: dict[str, GenerationPlan]
     eval: dict[str, GenerationPlan]
-    """The live policy with the eval's sampling (greedy by default)."""
+    """The envs evaluated, with the eval's sampling (greedy by default) for the live policy:
+    each [[orchestrator.eval.env]] entry (the training sampling, then orchestrator.eval's, then
+    its own), or when there is none, the training envs (theirs, then orchestrator.eval's)."""
     warmup: dict[str, GenerationPlan]
     """The warm start's actor (empty when there is no warm start)."""
     dev: dict[str, GenerationPlan]
     """The live policy, always greedy: the warm start's dev-set check (empty without a warm start)."""
 
 
-def compile_plans(config: RunConfig) -> RunPlans:
+def eval_sampling(config: RunConfig, env: EnvConfig) -> SamplingParams:
+    """A training env's eval sampling: the training sampling, the env's, then orchestrator.eval's."""
     orch = config.orchestrator
+    return sampling_params(orch.train.sampling, env.sampling, orch.eval.sampling, greedy=orch.eval.greedy)
+
+
+def compile_plans(
+    config: RunConfig, tokenizer: TokenizerInfo | None = None, text_addresses: Sequence[str] = ()
+) -> RunPlans:
+    """Every plan of the run (see compile_plan for `tokenizer` and `text_addresses`)."""
+    orch = config.orchestrator
+
+    def plan(actor: str, sampling: SamplingParams) -> GenerationPlan:
+        return compile_plan(
+            config, actor=actor, sampling=sampling, tokenizer=tokenizer, text_addresses=text_addresses
+        )
+
     train: dict[str, GenerationPlan] = {}
     evals: dict[str, GenerationPlan] = {}
     warmup: dict[str, GenerationPlan] = {}
     dev: dict[str, GenerationPlan] = {}
     for env in orch.train.env:
-        train[env.key] = compile_plan(config, actor=orch.actor, sampling=_env_sampling(config, env))
-        evals[env.key] = compile_plan(
-            config,
-            actor=POLICY,
-            sampling=sampling_params(
-                orch.train.sampling, env.sampling, orch.eval.sampling, greedy=orch.eval.greedy
-            ),
-        )
+        train[env.key] = plan(orch.actor, _env_sampling(config, env))
+        if not orch.eval.env:
+            evals[env.key] = plan(POLICY, eval_sampling(config, env))
         if orch.warm_start.max_steps > 0:
-            warmup[env.key] = compile_plan(
-                config, actor=orch.warm_start.actor, sampling=_env_sampling(config, env)
-            )
-            dev[env.key] = compile_plan(
-                config, actor=POLICY, sampling=sampling_params(orch.train.sampling, env.sampling, greedy=True)
-            )
+            warmup[env.key] = plan(orch.warm_start.actor, _env_sampling(config, env))
+            dev[env.key] = plan(POLICY, sampling_params(orch.train.sampling, env.sampling, greedy=True))
+    for env in orch.eval.env:
+        evals[env.key] = plan(
+            POLICY,
+            sampling_params(orch.train.sampling, orch.eval.sampling, env.sampling, greedy=orch.eval.greedy),
+        )
     return RunPlans(train=train, eval=evals, warmup=warmup, dev=dev)
 
 

@@ -1,67 +1,17 @@
-"""The run's live status and the OrchestratorService that serves it (the operator and
-`rlrun local` poll GetStatus; Stop ends the run, or the process once the run has finished)."""
+"""The OrchestratorService: the run's live status (`rlrun.common.wire.orchestrator.RunStatus`),
+which the operator and `rlrun local` poll with GetStatus; Stop ends the run, or the process
+once the run has finished."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from rlrun.common.errors import grpc_errors
-from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from rlrun.common.wire import orchestrator as wire
+from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.v1 import orchestrator_pb2_grpc
 
-SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
-
-PHASES = {
-    "pending": orchestrator_pb2.RUN_PHASE_PENDING,
-    "warmup": orchestrator_pb2.RUN_PHASE_WARMUP,
-    "running": orchestrator_pb2.RUN_PHASE_RUNNING,
-    "succeeded": orchestrator_pb2.RUN_PHASE_SUCCEEDED,
-    "failed": orchestrator_pb2.RUN_PHASE_FAILED,
-    "stopping": orchestrator_pb2.RUN_PHASE_STOPPING,
-}
-FINAL = frozenset({"succeeded", "failed"})
-
-
-@dataclass
-class RunStatus:
-    phase: str = "pending"
-    step: int = 0
-    """RL steps completed."""
-    max_steps: int = 0
-    version: int = 0
-    train_reward: float = 0.0
-    """Mean reward of the last RL batch (a warm start's oracle rollouts do not count)."""
-    eval_reward: float = 0.0
-    off_policy_lag: int = 0
-    tokens_per_s: float = 0.0
-    last_error: str = ""
-    groups_dropped_stale: int = 0
-    resumes: int = 0
-    """Times the run went back to the trainer's checkpoint after losing the trainer."""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in FINAL
-
-    def to_proto(self) -> orchestrator_pb2.GetRunStatusResponse:
-        return orchestrator_pb2.GetRunStatusResponse(
-            phase=PHASES[self.phase],
-            step=self.step,
-            max_steps=self.max_steps,
-            policy_version=self.version,
-            train_reward=self.train_reward,
-            eval_reward=self.eval_reward,
-            off_policy_lag=self.off_policy_lag,
-            tokens_per_s=self.tokens_per_s,
-            last_error=self.last_error,
-            groups_dropped_stale=self.groups_dropped_stale,
-            resumes=self.resumes,
-            metrics={
-                k: v for k, v in self.metrics.items() if isinstance(v, int | float) and math.isfinite(v)
-            },
-        )
+SERVICE_NAME = wire.SERVICE_NAME
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
@@ -71,9 +21,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
 
     @grpc_errors
     async def GetStatus(self, request, context):
-        return self.status.to_proto()
+        return wire.status_to_proto(self.status)
 
     @grpc_errors
     async def Stop(self, request, context):
-        self.stop(request.reason or "requested through Stop")
-        return orchestrator_pb2.StopResponse(phase=PHASES[self.status.phase])
+        self.stop(wire.stop_request_from_proto(request) or "requested through Stop")
+        return wire.stop_response_to_proto(self.status.phase)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlrun.common.wire.trainer import StepResult
+from rlrun.common.wire.training import EncodedSamples
 from rlrun.orchestrator.credit.batching import BuiltBatch
-from rlrun.orchestrator.run.trainer_client import EncodedBatch, StepResult
 
 
 class RunFailed(RuntimeError):
@@ -20,7 +21,7 @@ class RunStopped(Exception):
 @dataclass
 class BuiltStep:
     batch: BuiltBatch
-    encoded: EncodedBatch
+    encoded: EncodedSamples
     gen_seconds: float
     build_seconds: float
     credit_state: dict[str, dict[str, Any]]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlrun.common.config import RunConfig
-    from rlrun.common.types import Trace
+    from rlrun.common.wire.trace import Trace
 
 __all__ = ["Tracker", "close", "log_metrics", "log_rollouts", "sample_rows", "start"]
 
@@ -37,11 +37,12 @@ COLUMNS = ("step", "env", "prompt", "completion", "reward")
 
 
 def numeric_items(line: dict[str, Any]) -> dict[str, float]:
-    """The line's finite numbers as `<phase>/<key>` (booleans and the step counters aside)."""
+    """The line's finite numbers as `<phase>/<key>` (booleans, the step counters and the wall
+    time aside)."""
     phase = str(line.get("phase", "run"))
     out = {}
     for key, value in line.items():
-        if key in ("step", "trainer_step", "phase") or isinstance(value, bool):
+        if key in ("step", "trainer_step", "phase", "time") or isinstance(value, bool):
             continue
         if isinstance(value, int | float) and math.isfinite(value):
             out[f"{phase}/{key}"] = float(value)

@@ -12,7 +12,7 @@ import pytest
 from env_test_servers import REPO, child_env, write_config
 from env_test_support import last_message, start_inference, wait_until
 
-from rlrun.common.wire import trace_from_proto
+from rlrun.common.wire.trace import trace_from_proto
 from rlrun.v1 import env_pb2, plan_pb2, trace_pb2
 
 

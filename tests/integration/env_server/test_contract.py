@@ -8,7 +8,7 @@ import grpc
 import pytest
 from env_test_support import LOGPROB, POLICY_VERSION
 
-from rlrun.common.wire import trace_from_proto
+from rlrun.common.wire.trace import trace_from_proto
 from rlrun.v1 import env_pb2, plan_pb2, trace_pb2
 
 ENV = "reverse-text"

@@ -10,7 +10,7 @@ import socket
 import grpc
 import pytest
 
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.sdk.errors import ModelCallError
 from rlrun.env_server.sdk.inference_client import InferenceClient
 from rlrun.v1 import inference_pb2, inference_pb2_grpc

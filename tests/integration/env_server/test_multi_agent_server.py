@@ -8,7 +8,7 @@ import pytest
 from env_test_servers import serve_builtin
 from env_test_support import LOGPROB
 
-from rlrun.common.wire import trace_from_proto
+from rlrun.common.wire.trace import trace_from_proto
 from rlrun.v1 import env_pb2, plan_pb2
 
 MEMBERS = ("debater_a", "debater_b", "judge")

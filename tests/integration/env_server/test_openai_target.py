@@ -21,8 +21,9 @@ from rlrun.common.config import ConfigError, load_config, resolve_config
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.service import serve_command
 from rlrun.common.tokenizer import ChatMessage
-from rlrun.common.types import ModelEndpoint, SamplingParams, TaskRef
-from rlrun.common.wire import plan_from_proto, plan_to_proto
+from rlrun.common.wire.plan import ModelEndpoint, plan_from_proto, plan_to_proto
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.trace import TaskRef
 from rlrun.env_server.sdk.errors import ModelCallError
 from rlrun.env_server.sdk.openai_client import OpenAIChatClient
 from rlrun.local.processes import ProcessGroup
@@ -111,7 +112,7 @@ async def test_the_debate_judge_served_by_an_external_openai_api(processes, tmp_
     assert plan_from_proto(message) == plan
     client = EnvClient(env_server.address, ClientOptions())
     try:
-        traces = await client.run_group("g0", TaskRef(env="debate", split="eval", idx=3), message, 2, 60.0)
+        traces = await client.run_group("g0", TaskRef(env="debate", split="eval", idx=3), plan, 2, 60.0)
     finally:
         await client.close()
     judges = [t for t in traces if t.member_id == "judge"]

@@ -13,7 +13,8 @@ import pytest
 from env_test_servers import REPO
 
 from rlrun.common.config import PoolConfig
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.env_server.server.pool import JobCancelled, WorkerLost, WorkerPool
 from rlrun.env_server.server.rollout import RolloutJob

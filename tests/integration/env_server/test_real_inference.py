@@ -11,7 +11,7 @@ import grpc
 import pytest
 from env_test_servers import serve_builtin, start_server
 
-from rlrun.common.wire import trace_from_proto
+from rlrun.common.wire.trace import trace_from_proto
 from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2, trace_pb2
 
 importlib.import_module("rlrun.inference.cli")

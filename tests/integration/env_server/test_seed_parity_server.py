@@ -13,7 +13,7 @@ import pytest
 from env_test_servers import serve_builtin
 from env_test_support import last_message
 
-from rlrun.common.wire import trace_from_proto
+from rlrun.common.wire.trace import trace_from_proto
 from rlrun.v1 import env_pb2, inference_pb2, inference_pb2_grpc, plan_pb2
 
 ENVS = """

@@ -11,7 +11,7 @@ from rlrun.common.config import RunConfig, load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import broadcast_tensors
+from rlrun.common.weights.protocol import broadcast_tensors
 from rlrun.inference.service import InferenceService
 from rlrun.inference.servicer import SERVICE_NAME
 from rlrun.v1 import inference_pb2_grpc

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlrun.common.model.weights import iter_update_messages
+from rlrun.common.weights.grpc_stream import iter_update_messages
 from rlrun.v1 import inference_pb2, sampling_pb2, weights_pb2
 
 from .conftest import REPO, other_weights

@@ -11,8 +11,9 @@ import pytest
 
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import load_tokenizer
-from rlrun.common.types import SamplingParams
-from rlrun.inference.engines.base import Completion, Engine, StreamDelta
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.inference.engines.base import Engine, StreamDelta
 from rlrun.inference.openai.app import build_openai_app
 
 from .conftest import REPO

@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlrun.bench.services import start_service, stop_service
 from rlrun.common.grpc_client import ClientOptions, open_channel
-from rlrun.common.model.weights import iter_update_messages
+from rlrun.common.weights.grpc_stream import iter_update_messages
 from rlrun.v1 import inference_pb2_grpc
 
 from .conftest import REPO, other_weights, run_config

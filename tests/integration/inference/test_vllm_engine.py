@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlrun.common.model import PackedCausal, build_model
-from rlrun.common.model.weights import broadcast_tensors
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.wire.sampling import SamplingParams
 
 from .conftest import REPO, run_config
 

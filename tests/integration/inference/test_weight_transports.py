@@ -13,9 +13,11 @@ import torch
 
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.common.model.weights import TORCH_TO_PB, iter_update_messages
-from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
-from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster, StagingBuffer, ipc_header
+from rlrun.common.weights.collective import CollectiveWeightBroadcaster
+from rlrun.common.weights.grpc_stream import iter_update_messages
+from rlrun.common.weights.ipc import IpcWeightBroadcaster, StagingBuffer, ipc_header
+from rlrun.common.weights.protocol import tensor_specs
+from rlrun.common.wire.weights import NcclRendezvous, WeightUpdateHeader, header_to_proto
 from rlrun.trainer.weight_sync import measure_sync
 from rlrun.v1 import inference_pb2, sampling_pb2, weights_pb2
 
@@ -108,7 +110,7 @@ async def test_a_failed_ipc_update_changes_nothing(service, damage):
         tuple((n, t.dtype, tuple(t.shape)) for n, t in other_weights(config, 9).items()), torch.device("cpu")
     )
     staging.stage(other_weights(config, seed=9))
-    header = ipc_header(staging, 1)
+    header = header_to_proto(ipc_header(staging, 1))
     field = damage(header)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await service.stub.UpdateWeights(iter([weights_pb2.WeightUpdateMessage(header=header)]))
@@ -117,22 +119,23 @@ async def test_a_failed_ipc_update_changes_nothing(service, damage):
     assert await greedy_tokens(service.stub) == before
     assert await served_version(service.stub) == 0
     # The replica is fine: the undamaged update of the same buffer goes through.
-    await service.stub.UpdateWeights(iter([weights_pb2.WeightUpdateMessage(header=ipc_header(staging, 1))]))
+    await service.stub.UpdateWeights(
+        iter([weights_pb2.WeightUpdateMessage(header=header_to_proto(ipc_header(staging, 1)))])
+    )
     assert await greedy_tokens(service.stub) != before
     assert await served_version(service.stub) == 1
 
 
 async def test_a_torch_replica_refuses_a_vllm_collective_and_reports_what_it_takes(service):
     tensors = other_weights(service.service.config, 9)
-    header = weights_pb2.WeightUpdateHeader(
-        version=1,
-        tensors=[
-            weights_pb2.TensorSpec(name=n, dtype=TORCH_TO_PB[t.dtype], shape=list(t.shape))
-            for n, t in tensors.items()
-        ],
-        total_bytes=sum(t.nbytes for t in tensors.values()),
-        transport=weights_pb2.WEIGHT_TRANSPORT_NCCL,
-        nccl=weights_pb2.NcclRendezvous(host="127.0.0.1", port=1, world_size=2, rank=1),
+    header = header_to_proto(
+        WeightUpdateHeader(
+            version=1,
+            tensors=tensor_specs(tensors),
+            total_bytes=sum(t.nbytes for t in tensors.values()),
+            transport="nccl",
+            nccl=NcclRendezvous("127.0.0.1", 1, 2, 1, "", "pynccl"),
+        )
     )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await service.stub.UpdateWeights(iter([weights_pb2.WeightUpdateMessage(header=header)]))

@@ -10,9 +10,9 @@ import torch
 
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.trainer.broadcast import GrpcWeightBroadcaster
-from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
-from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
+from rlrun.common.weights.collective import CollectiveWeightBroadcaster
+from rlrun.common.weights.grpc_stream import GrpcWeightBroadcaster
+from rlrun.common.weights.ipc import IpcWeightBroadcaster
 from rlrun.trainer.weight_sync import AutoWeightBroadcaster, measure_sync
 
 from .conftest import other_weights

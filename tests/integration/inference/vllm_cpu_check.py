@@ -30,8 +30,9 @@ from rlrun.bench.services import free_port, start_service, stop_service
 from rlrun.common.config import load_config
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.model import PackedCausal, build_model
-from rlrun.common.model.weights import broadcast_tensors, iter_update_messages
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.grpc_stream import iter_update_messages
+from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.vllm_engine import VllmEngine
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, sampling_pb2
 

@@ -18,14 +18,17 @@ from rlrun.common.config.model import CHAR_TOKENIZER
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.common.tokenizer_info import tokenizer_info
-from rlrun.common.types import Branch, MessageNode, Trace, TraceError
-from rlrun.common.wire import (
-    batch_from_proto,
-    plan_from_proto,
+from rlrun.common.wire.plan import plan_from_proto, tokenizer_info_to_proto
+from rlrun.common.wire.trace import (
+    Branch,
+    MessageNode,
+    Trace,
+    TraceError,
     task_from_proto,
     trace_from_proto,
     trace_to_proto,
 )
+from rlrun.common.wire.training import batch_from_proto
 from rlrun.v1 import (
     env_pb2,
     env_pb2_grpc,
@@ -268,16 +271,24 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
 
 class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
     """Score: every token gets logprob -0.25, after `delay`; records the peak concurrency.
-    GetStatus reports the default model's tokenizer (configs/tokenizer/char)."""
+    GetStatus reports the default model's tokenizer (configs/tokenizer/char), Detokenize
+    decodes with it."""
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
         self.active = 0
         self.peak = 0
-        self.tokenizer = tokenizer_info(CharTokenizer.from_file(REPO / CHAR_TOKENIZER), CHAR_TOKENIZER)
+        self.chars = CharTokenizer.from_file(REPO / CHAR_TOKENIZER)
+        self.tokenizer = tokenizer_info(self.chars, CHAR_TOKENIZER)
+        self.detokenized = 0
+
+    async def Detokenize(self, request, context):
+        self.detokenized += 1
+        text = self.chars.decode(list(request.token_ids), request.skip_special_tokens)
+        return inference_pb2.DetokenizeResponse(text=text)
 
     async def GetStatus(self, request, context):
-        return inference_pb2.GetInferenceStatusResponse(tokenizer=self.tokenizer)
+        return inference_pb2.GetInferenceStatusResponse(tokenizer=tokenizer_info_to_proto(self.tokenizer))
 
     async def Score(self, request, context):
         self.active += 1

@@ -12,9 +12,10 @@ import grpc
 import pytest
 
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.common.types import TaskRef
+from rlrun.common.wire.plan import GenerationPlan
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator.collect.env_client import EnvClient
-from rlrun.v1 import env_pb2, env_pb2_grpc, plan_pb2
+from rlrun.v1 import env_pb2, env_pb2_grpc
 
 
 class Env(env_pb2_grpc.EnvServiceServicer):
@@ -45,7 +46,7 @@ def unused_port() -> int:
 
 
 def run_group(client: EnvClient):
-    return client.run_group("g-1", TaskRef(env="e", split="train", idx=0), plan_pb2.GenerationPlan(), 1, 30.0)
+    return client.run_group("g-1", TaskRef(env="e", split="train", idx=0), GenerationPlan({}), 1, 30.0)
 
 
 async def test_a_gone_env_server_is_waited_for_until_it_is_back():

@@ -17,8 +17,9 @@ import grpc
 import pytest
 
 from rlrun.common.config import resolve_config
+from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.common.wire.plan import tokenizer_info_from_proto, tokenizer_info_to_proto
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.v1 import env_pb2, env_pb2_grpc
 
 from .conftest import FakeEnv
@@ -148,7 +149,7 @@ async def test_every_plan_carries_the_served_tokenizer_and_its_end_tokens(stack,
     served = stack.inference.tokenizer
     assert served.stop_token_ids  # the char tokenizer's <|end|>
     for call in stack.env.calls:
-        assert call.plan.tokenizer == served
+        assert tokenizer_info_from_proto(call.plan.tokenizer) == served
         assert list(call.plan.text_addresses) == [stack.addresses["inference"]]
         for target in call.plan.targets:
             assert set(served.stop_token_ids) <= set(target.sampling.stop_token_ids)
@@ -166,7 +167,7 @@ async def test_a_declared_tokenizer_other_than_the_served_one_fails_the_start(st
     ), status.last_error
     assert stack.env.calls == []
     # The same tokenizer, declared by name and hash, starts.
-    stack.env.info.tokenizer.CopyFrom(stack.inference.tokenizer)
+    stack.env.info.tokenizer.CopyFrom(tokenizer_info_to_proto(stack.inference.tokenizer))
     assert (await execute(stack.config(tmp_path / "again"))).phase == "succeeded"
 
 

@@ -12,8 +12,8 @@ import re
 import grpc
 from prometheus_client import REGISTRY
 
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import RunStatus
 
 ENV = "reverse-text"
 

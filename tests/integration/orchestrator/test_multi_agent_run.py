@@ -10,10 +10,10 @@ import json
 import pytest
 
 from rlrun.common.config import resolve_config
-from rlrun.common.types import Branch, MessageNode, Trace
-from rlrun.common.wire import plan_from_proto, task_from_proto, trace_to_proto
+from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.common.wire.plan import plan_from_proto
+from rlrun.common.wire.trace import Branch, MessageNode, Trace, task_from_proto, trace_to_proto
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import RunStatus
 from rlrun.v1 import env_pb2, env_pb2_grpc
 
 ENV_SERVICE = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name

@@ -8,9 +8,9 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator import metrics as orchestrator_metrics
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import RunStatus
 
 
 async def execute(config):

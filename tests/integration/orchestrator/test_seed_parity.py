@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import logging
 
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import RunStatus
 
 
 async def execute(config):

@@ -10,8 +10,9 @@ import sys
 import tomli_w
 
 from rlrun.common.grpc_client import open_channel
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator.run.run import Run
-from rlrun.orchestrator.run.status import SERVICE_NAME, OrchestratorServicer, RunStatus
+from rlrun.orchestrator.run.status import SERVICE_NAME, OrchestratorServicer
 from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 STATUS = orchestrator_pb2.GetRunStatusRequest()

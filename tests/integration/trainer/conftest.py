@@ -24,15 +24,17 @@ from rlrun.common import builtin
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import PB_TO_TORCH, TensorLayout, WeightAssembler, broadcast_tensors
+from rlrun.common.weights.groups import join_weight_group
+from rlrun.common.weights.grpc_stream import WeightAssembler
+from rlrun.common.weights.protocol import TensorLayout, broadcast_tensors, torch_dtype
+from rlrun.common.wire.weights import WeightUpdateHeader, update_message_from_proto
 from rlrun.trainer.app import add_trainer_service, create_runtime
-from rlrun.trainer.collective_broadcast import join_weight_group
 from rlrun.trainer.coordinator import Coordinator
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 from rlrun.trainer.servicer import SERVICE_NAME
 from rlrun.trainer.synthetic import synthetic_config
-from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2_grpc, weights_pb2
+from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2_grpc
 
 torch.set_num_threads(1)
 
@@ -63,9 +65,7 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
         self.groups: dict[tuple, object] = {}
         """Joined groups by (host, port, world_size, rank, group_name)."""
 
-    def _receive_on_rank(
-        self, header: weights_pb2.WeightUpdateHeader, worker: int
-    ) -> dict[str, torch.Tensor]:
+    def _receive_on_rank(self, header: WeightUpdateHeader, worker: int) -> dict[str, torch.Tensor]:
         rendezvous = header.nccl
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -83,14 +83,14 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
             )
         tensors = {}
         for spec in header.tensors:
-            tensor = torch.empty(tuple(spec.shape), dtype=PB_TO_TORCH[spec.dtype], device=self.device)
+            tensor = torch.empty(tuple(spec.shape), dtype=torch_dtype(spec.dtype), device=self.device)
             self.groups[key].broadcast(tensor)
             tensors[spec.name] = tensor
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return {name: tensor.cpu() for name, tensor in tensors.items()}
 
-    def _receive_collective(self, header: weights_pb2.WeightUpdateHeader) -> dict[str, torch.Tensor]:
+    def _receive_collective(self, header: WeightUpdateHeader) -> dict[str, torch.Tensor]:
         with ThreadPoolExecutor(self.ranks) as workers:
             received = list(
                 workers.map(lambda worker: self._receive_on_rank(header, worker), range(self.ranks))
@@ -102,14 +102,15 @@ class RecordingInference(inference_pb2_grpc.InferenceServiceServicer):
     async def UpdateWeights(self, request_iterator, context):
         header, assembler, tensors = None, None, None
         async for message in request_iterator:
-            if message.HasField("header"):
-                header = message.header
-                if header.transport == weights_pb2.WEIGHT_TRANSPORT_NCCL:
+            received = update_message_from_proto(message)
+            if isinstance(received, WeightUpdateHeader):
+                header = received
+                if header.transport == "nccl":
                     tensors = await asyncio.to_thread(self._receive_collective, header)
                 else:
                     assembler = WeightAssembler(header, TensorLayout(header.tensors, self.expected))
             else:
-                assembler.add(message.chunk)
+                assembler.add(received)
         self.weights = tensors if tensors is not None else assembler.finish()
         self.version = header.version
         self.rollbacks += header.rollback

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 
-from rlrun.common.wire import batch_to_proto
+from rlrun.common.wire.training import batch_to_proto
 from rlrun.trainer.synthetic import synthetic_batch
 from rlrun.v1 import trainer_pb2, trainer_pb2_grpc
 

@@ -8,8 +8,8 @@ import torch
 from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import broadcast_tensors
-from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
+from rlrun.common.weights.collective import CollectiveWeightBroadcaster
+from rlrun.common.weights.protocol import broadcast_tensors
 from rlrun.trainer.synthetic import synthetic_config
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlrun.common.wire import batch_to_proto
+from rlrun.common.wire.training import batch_to_proto
 from rlrun.trainer.checkpoint import checkpoint_root, save_checkpoint
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner

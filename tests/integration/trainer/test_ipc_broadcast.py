@@ -12,10 +12,11 @@ from rlrun.common.config.trainer import BroadcastConfig
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import TensorLayout, WeightAssembler, broadcast_tensors
-from rlrun.inference.weight_transports import WeightReceiver, ipc_source
-from rlrun.trainer.broadcast import GrpcWeightBroadcaster
-from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
+from rlrun.common.weights.grpc_stream import GrpcWeightBroadcaster, WeightAssembler
+from rlrun.common.weights.ipc import IpcWeightBroadcaster, ipc_source
+from rlrun.common.weights.protocol import TensorLayout, broadcast_tensors
+from rlrun.common.weights.receiver import WeightReceiver
+from rlrun.common.wire.weights import update_message_from_proto
 from rlrun.trainer.synthetic import synthetic_config
 from rlrun.trainer.weight_sync import AutoWeightBroadcaster
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
@@ -39,11 +40,11 @@ class SlowIpcReplica(inference_pb2_grpc.InferenceServiceServicer):
         """What it reports in GetStatus."""
 
     async def UpdateWeights(self, request_iterator, context):
-        header = (await anext(request_iterator)).header
-        if header.transport != pb.WEIGHT_TRANSPORT_IPC:
+        header = update_message_from_proto(await anext(request_iterator))
+        if header.transport != "ipc":
             assembler = WeightAssembler(header, TensorLayout(header.tensors, self.expected))
             async for message in request_iterator:
-                assembler.add(message.chunk)
+                assembler.add(update_message_from_proto(message))
             self.received.append((header.version, "", dict(assembler.finish())))
             return inference_pb2.UpdateWeightsResponse(version=header.version)
         views = self.receiver.source(ipc_source(header, self.expected)).open()

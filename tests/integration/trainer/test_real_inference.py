@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from rlrun.common.model import PackedCausal
-from rlrun.common.types import TrainingSample
-from rlrun.common.wire import batch_to_proto
+from rlrun.common.wire.training import TrainingSample, batch_to_proto
 from rlrun.trainer.loss import token_logprobs
 from rlrun.trainer.packing import pack_micro_batch
 from rlrun.trainer.synthetic import synthetic_batch

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from rlrun.common.wire import batch_to_proto
-from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
-from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
+from rlrun.common.weights.collective import CollectiveWeightBroadcaster
+from rlrun.common.weights.ipc import IpcWeightBroadcaster
+from rlrun.common.wire.training import batch_to_proto
 from rlrun.trainer.synthetic import synthetic_batch
 from rlrun.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2
 

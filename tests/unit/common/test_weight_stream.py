@@ -8,15 +8,15 @@ import xxhash
 
 from rlrun.common.config import ModelConfig
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import (
+from rlrun.common.weights.grpc_stream import (
     MAX_CHUNK_BYTES,
     LayoutCache,
-    TensorLayout,
     WeightAssembler,
-    broadcast_tensors,
     iter_update_messages,
 )
-from rlrun.common.types import WireError
+from rlrun.common.weights.protocol import TensorLayout, broadcast_tensors
+from rlrun.common.wire import WireError
+from rlrun.common.wire.weights import header_from_proto, update_message_from_proto
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -26,6 +26,7 @@ def model(seed=0, config="tiny-d64.json"):
 
 
 def assembler_for(header, expected, buffer=None):
+    header = header_from_proto(header)
     return WeightAssembler(header, TensorLayout(header.tensors, expected), buffer)
 
 
@@ -33,7 +34,7 @@ def receive(messages, expected):
     messages = list(messages)
     assembler = assembler_for(messages[0].header, expected)
     for m in messages[1:]:
-        assembler.add(m.chunk)
+        assembler.add(update_message_from_proto(m))
     return assembler.finish()
 
 
@@ -66,7 +67,7 @@ def test_received_tensors_are_views_of_the_receive_buffer():
     messages = list(iter_update_messages(tensors, 1))
     assembler = assembler_for(messages[0].header, broadcast_tensors(model(2)))
     for m in messages[1:]:
-        assembler.add(m.chunk)
+        assembler.add(update_message_from_proto(m))
     out = assembler.finish()
     assembler.buffer[:] = bytes(len(assembler.buffer))  # zeroing the buffer zeroes every tensor
     assert all(not t.any() for t in out.values())
@@ -133,7 +134,7 @@ def test_a_tensor_list_is_checked_once_and_a_reused_buffer_keeps_its_views():
     tensors = broadcast_tensors(model(1))
     expected = broadcast_tensors(model(2))
     layouts = LayoutCache(expected)
-    headers = [next(iter_update_messages(tensors, version)).header for version in (1, 2)]
+    headers = [header_from_proto(next(iter_update_messages(tensors, version)).header) for version in (1, 2)]
     first = layouts.layout(headers[0])
     assert layouts.layout(headers[1]) is first  # same tensor list, another version: not rechecked
 
@@ -143,28 +144,28 @@ def test_a_tensor_list_is_checked_once_and_a_reused_buffer_keeps_its_views():
     received = []
     for version, source in ((1, model(3)), (2, model(4))):
         sent = broadcast_tensors(source)
-        messages = list(iter_update_messages(sent, version))
-        assembler = WeightAssembler(messages[0].header, layouts.layout(messages[0].header), buffer)
-        for m in messages[1:]:
-            assembler.add(m.chunk)
+        header, *chunks = map(update_message_from_proto, iter_update_messages(sent, version))
+        assembler = WeightAssembler(header, layouts.layout(header), buffer)
+        for chunk in chunks:
+            assembler.add(chunk)
         out = assembler.finish()
         assert all(torch.equal(out[name], t) for name, t in sent.items())
         received.append(out)
     assert all(received[0][name] is received[1][name] for name in expected)
     # No receiver buffer (a new one each time): nothing of it is kept.
     for version in (3, 4):
-        messages = list(iter_update_messages(tensors, version))
-        assembler = WeightAssembler(messages[0].header, first)
-        for m in messages[1:]:
-            assembler.add(m.chunk)
+        header, *chunks = map(update_message_from_proto, iter_update_messages(tensors, version))
+        assembler = WeightAssembler(header, first)
+        for chunk in chunks:
+            assembler.add(chunk)
         assert torch.equal(assembler.finish()["lm_head.weight"], tensors["lm_head.weight"])
         assert first._kept.buffer is buffer
 
     # Another tensor list is checked again, and a bad one leaves the checked layout in place.
     reordered = dict(reversed(list(tensors.items())))
-    other = layouts.layout(next(iter_update_messages(reordered, 5)).header)
+    other = layouts.layout(header_from_proto(next(iter_update_messages(reordered, 5)).header))
     assert other is not first and [e[0] for e in other.entries] == list(reordered)
     bad = {**tensors, "lm_head.weight": torch.zeros(3, 3)}
     with pytest.raises(WireError, match="has shape"):
-        layouts.layout(next(iter_update_messages(bad, 6)).header)
-    assert layouts.layout(next(iter_update_messages(reordered, 7)).header) is other
+        layouts.layout(header_from_proto(next(iter_update_messages(bad, 6)).header))
+    assert layouts.layout(header_from_proto(next(iter_update_messages(reordered, 7)).header)) is other

@@ -4,32 +4,21 @@ import math
 
 import pytest
 
-from rlrun.common.types import (
+from rlrun.common.wire import WireError
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget, plan_from_proto, plan_to_proto
+from rlrun.common.wire.sampling import SamplingParams, sampling_from_proto, sampling_to_proto
+from rlrun.common.wire.trace import (
     Branch,
     Channel,
-    GenerationPlan,
     MessageNode,
-    ModelEndpoint,
-    PlanTarget,
     RewardComponent,
-    SamplingParams,
     TaskRef,
     Trace,
     TraceError,
-    TrainingBatch,
-    TrainingSample,
-    WireError,
-)
-from rlrun.common.wire import (
-    batch_from_proto,
-    batch_to_proto,
-    plan_from_proto,
-    plan_to_proto,
-    sampling_from_proto,
-    sampling_to_proto,
     trace_from_proto,
     trace_to_proto,
 )
+from rlrun.common.wire.training import TrainingBatch, TrainingSample, batch_from_proto, batch_to_proto
 from rlrun.v1 import trace_pb2
 
 

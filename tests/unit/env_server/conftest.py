@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlrun.common.tokenizer import CharTokenizer, load_tokenizer
-from rlrun.env_server.sdk.completion import Completion
+from rlrun.common.wire.inference import Completion
 
 REPO = Path(__file__).resolve().parents[3]
 

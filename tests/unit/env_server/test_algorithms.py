@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlrun.common.types import Branch, Channel, MessageNode, TaskRef, Trace, TraceError
+from rlrun.common.wire.trace import Branch, Channel, MessageNode, TaskRef, Trace, TraceError
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.env_server.sdk.algorithms import BranchResult, run_env_algorithms, sampled_advantage
 

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.envs.debate import DRAW, Debate, outcome_rewards, verdict
-from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.taskset import in_eval_bucket
 from rlrun.env_server.server.rollout import RolloutJob, Runtime, run_rollouts
 

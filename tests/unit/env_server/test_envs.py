@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.common.types import RewardComponent
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.trace import RewardComponent
 from rlrun.env_server.envs.alphabet_sort import AlphabetSort
 from rlrun.env_server.envs.arithmetic import Arithmetic
 from rlrun.env_server.envs.registry import BUILTIN, make_env, resolve
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.env_server.envs.tool_calc import ToolCalc, calculate
-from rlrun.env_server.sdk.completion import Completion
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.episode import POLICY, Episode
 from rlrun.env_server.sdk.errors import ToolError
@@ -154,7 +154,18 @@ def test_the_registry_knows_every_builtin_and_import_paths():
     ("env_id", "args", "message"),
     [
         ("nope", {}, "unknown environment"),
-        ("rlrun.env_server.envs.arithmetic:Nothing", {}, "cannot import"),
+        ("revers-text", {}, r"unknown environment 'revers-text' \(did you mean reverse-text\?\)"),
+        ("no_such_module:Env", {}, "cannot import no_such_module: .*on PYTHONPATH"),
+        (
+            "rlrun.env_server.envs.arithmetic:Nothing",
+            {},
+            "module rlrun.env_server.envs.arithmetic has no 'Nothing'",
+        ),
+        (
+            "rlrun.env_server.envs.arithmetic:Arithmetik",
+            {},
+            r"has no 'Arithmetik' \(did you mean Arithmetic\?\)",
+        ),
         ("rlrun.env_server.sdk.scoring:similarity", {}, "not an Environment"),
         ("reverse-text", {"bogus": 1}, "bad args"),
     ],

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.common.types import TaskRef, Trace
-from rlrun.env_server.sdk.completion import Completion
+from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.trace import TaskRef, Trace
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.trace_builder import TraceBuilder
 

@@ -11,11 +11,13 @@ from prometheus_client import REGISTRY
 from rlrun.common.config import resolve_config
 from rlrun.common.errors import RequestError
 from rlrun.common.grpc_client import ClientOptions
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, TraceError
-from rlrun.common.wire import trace_to_proto
+from rlrun.common.wire.env import encode_traces, run_group_response_to_proto
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget, plan_from_proto, plan_to_proto
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.trace import TraceError
 from rlrun.env_server.server.host import EnvHost
 from rlrun.env_server.server.rollout import RolloutJob, error_traces
-from rlrun.v1 import env_pb2, trace_pb2
+from rlrun.v1 import trace_pb2
 
 
 @pytest.fixture
@@ -72,8 +74,8 @@ def test_task_lookups_outside_the_taskset_name_the_field(host, split, idx, field
     ],
 )
 def test_plans_the_env_cannot_run_name_the_field(host, the_plan, field):
-    with pytest.raises(RequestError) as caught:
-        host.check_plan(the_plan)
+    with pytest.raises(RequestError) as caught:  # as a request's plan arrives: off the wire, then checked
+        host.check_plan(plan_from_proto(plan_to_proto(the_plan), vocab_size=host.vocab_size))
     assert caught.value.field == field
     host.check_plan(plan("rule"))
 
@@ -90,7 +92,7 @@ async def test_a_cancel_before_the_request_arrives_still_cancels_it(host):
     job = RolloutJob(
         "rt", host.task(trace_pb2.TaskRef(split="train", idx=1)), plan(), "late-group", ["late-group/0"]
     )
-    response = await asyncio.wait_for(host.run(job, 5.0, env_pb2.RunGroupResponse), 10)
+    response = run_group_response_to_proto(await asyncio.wait_for(host.run(job, 5.0), 10))
     [trace] = response.traces
     assert trace.stop_condition == trace_pb2.STOP_CONDITION_CANCELLED
 
@@ -103,16 +105,16 @@ def test_each_request_is_one_log_line_and_counted(host, tmp_path):
     job = RolloutJob(
         "rt", host.task(trace_pb2.TaskRef(split="eval", idx=3)), plan(), "grp", ["grp/0", "grp/1"]
     )
-    traces = [trace_to_proto(t) for t in error_traces(job, TraceError("Timeout", "late", True))]
-    traces[0].stop_condition = trace_pb2.STOP_CONDITION_COMPLETED
-    del traces[0].errors[:]
+    traces = error_traces(job, TraceError("Timeout", "late", True))
+    traces[0].stop_condition = "completed"
+    traces[0].errors.clear()
     before_done = sample(
         "rlrun_env_server_rollouts_total", {"env": "rt", "split": "eval", "stop_condition": "completed"}
     )
     before_err = sample(
         "rlrun_env_server_rollout_errors_total", {"env": "rt", "type": "Timeout", "retryable": "true"}
     )
-    host._record(traces)
+    host._record(job, encode_traces(traces).summaries())
     host.rollout_log.close()
     [line] = (tmp_path / "envs" / "eval" / "rt.log").read_text().splitlines()
     record = json.loads(line)

@@ -8,7 +8,7 @@ import math
 import grpc
 import pytest
 
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError, ScoringError, trace_error
 from rlrun.env_server.sdk.inference_client import InferenceClient, completions_from_proto
 from rlrun.v1 import inference_pb2

@@ -9,8 +9,9 @@ import asyncio
 import pytest
 
 from rlrun.common.errors import RequestError
-from rlrun.common.types import GenerationPlan, ModelEndpoint, PlanTarget, SamplingParams, TraceError
-from rlrun.common.wire import trace_from_proto, trace_to_proto
+from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.trace import TraceError, trace_from_proto, trace_to_proto
 from rlrun.env_server.envs.arithmetic import Arithmetic
 from rlrun.env_server.sdk.channels import public_text
 from rlrun.env_server.sdk.conversation import Conversation

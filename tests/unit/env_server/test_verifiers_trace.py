@@ -17,8 +17,11 @@ from verifiers.v1.clients.train import response_from_generate  # noqa: E402
 from verifiers.v1.graph import prepare_turn  # noqa: E402
 from verifiers.v1.trace import AgentInfo, ModelCall, TraceTask  # noqa: E402
 
-from rlrun.common.types import TaskRef  # noqa: E402
-from rlrun.common.wire import trace_from_proto, trace_to_proto  # noqa: E402
+from rlrun.common.wire.trace import (  # noqa: E402
+    TaskRef,  # noqa: E402
+    trace_from_proto,
+    trace_to_proto,
+)
 from rlrun.env_server.envs.verifiers.env import convert_episode, convert_trace  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[3] / "configs/tokenizer/lowercase"

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from rlrun.common.aio import all_or_nothing
-from rlrun.common.types import SamplingParams
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.batch_calls import primed_streams
 from rlrun.inference.engines.base import QueueFullError, StreamDelta
 

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from rlrun.common.errors import RequestError
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import CharTokenizer
-from rlrun.inference.engines.base import Completion
+from rlrun.common.wire.inference import Completion
 from rlrun.inference.openai.prompts import chat_prompts, completion_prompts
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest
 from rlrun.inference.openai.request_params import sampling_params, text_stop_strings

@@ -12,11 +12,14 @@ from prometheus_client import REGISTRY
 
 from rlrun.common.errors import RequestError
 from rlrun.common.model import PackedCausal
-from rlrun.common.model.weights import TensorLayout, WeightAssembler, iter_update_messages
 from rlrun.common.tokenizer import CharTokenizer
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.grpc_stream import WeightAssembler, iter_update_messages
+from rlrun.common.weights.protocol import TensorLayout
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.common.wire.weights import update_message_from_proto
 from rlrun.inference.engines.base import QueueFullError
-from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
+from rlrun.inference.engines.core_protocol import DONE, Submit
+from rlrun.inference.engines.torch_core import TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
 from rlrun.inference.params import GenerationParams
 from rlrun.inference.structured import GrammarCompiler
@@ -353,10 +356,10 @@ async def test_a_failed_weight_update_leaves_model_and_version_unchanged(engine)
     with pytest.raises(RequestError, match="lm_head.weight"):
         await engine.update_weights(broken, version=5)
     # Tensors received against another receiver's tensors are checked all the same.
-    header, *chunks = iter_update_messages(broken, 5)
-    assembler = WeightAssembler(header.header, TensorLayout(header.header.tensors, broken))
-    for message in chunks:
-        assembler.add(message.chunk)
+    header, *chunks = map(update_message_from_proto, iter_update_messages(broken, 5))
+    assembler = WeightAssembler(header, TensorLayout(header.tensors, broken))
+    for chunk in chunks:
+        assembler.add(chunk)
     with pytest.raises(RequestError, match="lm_head.weight"):
         await engine.update_weights(assembler.finish(), version=5)
     [after] = await engine.generate(PROMPTS[0], params)

@@ -15,11 +15,11 @@ from prometheus_client import REGISTRY
 from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
 from rlrun.common.model import build_model
-from rlrun.common.model.weights import LayoutCache, broadcast_tensors, iter_update_messages
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.grpc_stream import LayoutCache, iter_update_messages, receive_update
+from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.torch_engine import create_engine
 from rlrun.inference.engines.torch_process import TorchEngineProcess, _ApplyStaged
-from rlrun.inference.weight_stream import receive_update
 
 from .conftest import REPO
 from .test_torch_engine import argmax_loop, recomputed_logprobs

@@ -3,8 +3,9 @@
 import pytest
 
 from rlrun.common.errors import RequestError
-from rlrun.common.types import SamplingParams
-from rlrun.inference.validation import check_generate, check_score
+from rlrun.common.wire.inference import check_score
+from rlrun.common.wire.sampling import SamplingParams
+from rlrun.inference.validation import check_generate
 
 
 @pytest.mark.parametrize(

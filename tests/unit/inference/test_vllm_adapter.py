@@ -1,6 +1,7 @@
 """The vLLM engine's translation to and from vLLM's types, on CPU without vLLM installed."""
 
 import asyncio
+import dataclasses
 import json
 import pickle
 import re
@@ -16,8 +17,8 @@ import torch
 from rlrun.common.config import load_config
 from rlrun.common.errors import RequestError
 from rlrun.common.model import arch_dict, build_model, save_checkpoint_dir
-from rlrun.common.model.weights import build_header
-from rlrun.common.types import SamplingParams
+from rlrun.common.weights.grpc_stream import build_header
+from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.vllm_engine import (
     VLLM_VERSIONS,
     WORKER_EXTENSION,
@@ -34,7 +35,6 @@ from rlrun.inference.engines.vllm_engine import (
 )
 from rlrun.inference.engines.vllm_worker import tensors_from_payload
 from rlrun.inference.structured import COMPACT_JSON, grammar
-from rlrun.v1 import weights_pb2
 
 from ...support.knobs import knobbed
 from .conftest import REPO
@@ -226,13 +226,12 @@ def test_meta_tensors_describe_the_model_without_memory(config):
 def test_nccl_specs_follow_the_header_and_refuse_a_mismatch(config):
     expected = meta_tensors(config)
     header, _ = build_header(build_model(config.model).state_dict(), version=1)
-    header.transport = weights_pb2.WEIGHT_TRANSPORT_NCCL
+    header = dataclasses.replace(header, transport="nccl")
     specs = nccl_tensor_specs(header, expected)
     assert [s[0] for s in specs] == [t.name for t in header.tensors]
     assert specs[0][1] == "float32" and getattr(torch, specs[0][1]) is torch.float32
-    del header.tensors[-1]
     with pytest.raises(RequestError) as caught:
-        nccl_tensor_specs(header, expected)
+        nccl_tensor_specs(dataclasses.replace(header, tensors=header.tensors[:-1]), expected)
     assert caught.value.field == "header.tensors"
 
 

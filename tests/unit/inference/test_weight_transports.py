@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from rlrun.common.errors import RequestError
-from rlrun.inference.weight_transports import ipc_source
-from rlrun.trainer.ipc_broadcast import StagingBuffer, ipc_header
-from rlrun.v1 import weights_pb2 as pb
+from rlrun.common.weights.ipc import StagingBuffer, ipc_header, ipc_source
+from rlrun.common.wire.weights import CudaIpcHandle, WeightUpdateHeader
 
 from .conftest import tiny_model
 
@@ -67,7 +66,7 @@ async def test_an_abandoned_ipc_update_never_undoes_a_later_one(engine):
     assert engine.core.version == 5 and holds(engine, later)
 
 
-def cuda_header(engine, **handle) -> pb.WeightUpdateHeader:
+def cuda_header(engine, **handle) -> WeightUpdateHeader:
     _, staging = staged(engine, seed=11)
     header = ipc_header(staging, 1)
     fields = {
@@ -80,7 +79,7 @@ def cuda_header(engine, **handle) -> pb.WeightUpdateHeader:
         "event_handle": bytes(64),
         "event_sync_required": True,
     }
-    header.ipc.cuda.CopyFrom(pb.CudaIpcHandle(**{**fields, **handle}))
+    header.ipc.cuda, header.ipc.shared_memory = CudaIpcHandle(**{**fields, **handle}), None
     return header
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlrun.common.types import Branch, MessageNode, TaskRef, Trace, TraceError
+from rlrun.common.wire.trace import Branch, MessageNode, TaskRef, Trace, TraceError
 from rlrun.orchestrator.collect.group import RolloutGroup
 
 

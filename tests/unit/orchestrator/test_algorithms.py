@@ -7,7 +7,8 @@ import math
 import pytest
 
 from rlrun.common.config import ConfigError
-from rlrun.common.types import Channel, WireError
+from rlrun.common.wire import WireError
+from rlrun.common.wire.trace import Channel
 from rlrun.orchestrator.credit.algorithms import (
     AlgorithmDeps,
     BranchResult,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.config import ConfigError
-from rlrun.common.types import Channel
+from rlrun.common.wire.trace import Channel
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, BranchResult, EnvOwnedAlgorithms
 from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec
 

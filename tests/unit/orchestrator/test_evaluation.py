@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.common.types import TaskRef
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator.collect.evaluation import eval_tasks, result_rows, summarize
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rlrun.common.config import FiltersConfig
-from rlrun.common.types import RewardComponent
+from rlrun.common.wire.trace import RewardComponent
 from rlrun.orchestrator.credit.algorithms.base import credit_sampled
 from rlrun.orchestrator.credit.batching import build_batch
 from rlrun.orchestrator.credit.filters import RolloutFilters, has_repetition, is_gibberish

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.common.types import Branch, Channel, MessageNode, TaskRef, Trace
+from rlrun.common.wire.trace import Branch, Channel, MessageNode, TaskRef, Trace
 from rlrun.orchestrator.credit.algorithms.base import add_credit
 from rlrun.orchestrator.credit.flatten import flatten_trace, merge_channels
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rlrun.common.config import ConfigError, resolve_config
-from rlrun.common.types import TaskRef
+from rlrun.common.wire.trace import TaskRef
 from rlrun.orchestrator.collect.evaluation import result_rows, summarize
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, builtin
 from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec

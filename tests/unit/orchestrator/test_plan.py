@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlrun.common.config import ConfigError, resolve_config
-from rlrun.common.types import ModelEndpoint
+from rlrun.common.wire.plan import ModelEndpoint
 from rlrun.orchestrator.run.plan import (
     check_env_temperature,
     compile_plan,

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlrun.common.model import PackedCausal, build_model
-from rlrun.common.types import Channel, TrainingSample
+from rlrun.common.wire.trace import Channel
+from rlrun.common.wire.training import TrainingSample
 from rlrun.trainer.packing import (
     assign_to_ranks,
     count_channel_tokens,

@@ -10,10 +10,11 @@ from rlrun.common import builtin
 from rlrun.common.config import resolve_config
 from rlrun.common.config.deprecations import ConfigError
 from rlrun.common.grpc_client import ClientOptions
+from rlrun.common.weights.collective import CollectiveWeightBroadcaster
+from rlrun.common.weights.grpc_stream import GrpcWeightBroadcaster
+from rlrun.common.weights.ipc import IpcWeightBroadcaster
+from rlrun.common.wire.weights import sync_info_from_proto
 from rlrun.inference.engines.vllm_engine import VllmEngine
-from rlrun.trainer.broadcast import GrpcWeightBroadcaster
-from rlrun.trainer.collective_broadcast import CollectiveWeightBroadcaster
-from rlrun.trainer.ipc_broadcast import IpcWeightBroadcaster
 from rlrun.trainer.weight_sync import AutoWeightBroadcaster, choose_transport, make_broadcaster
 from rlrun.v1 import weights_pb2 as pb
 
@@ -68,7 +69,7 @@ def config(tmp_path, transport: str, engine: str = "torch", device: str = "cpu",
     ],
 )
 def test_auto_picks_a_transport_per_replica(trainer, replica, expected):
-    assert choose_transport(trainer, NODE, replica) == expected
+    assert choose_transport(trainer, NODE, sync_info_from_proto(replica)) == expected
 
 
 async def test_each_transport_builds_its_broadcaster(tmp_path):

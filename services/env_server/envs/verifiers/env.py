@@ -31,15 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlrun.common.types import (
-    Branch,
-    MessageNode,
-    PlanTarget,
-    RewardComponent,
-    TaskRef,
-    Trace,
-    TraceError,
-)
+from rlrun.common.wire.plan import PlanTarget
+from rlrun.common.wire.trace import Branch, MessageNode, RewardComponent, TaskRef, Trace, TraceError
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import POLICY, Episode
 from rlrun.env_server.sdk.harnesses import SingleTurnHarness
@@ -262,12 +255,7 @@ async def _policy_version(runtime: Runtime, addresses: Sequence[str], pick: Any)
     """The lowest (`min`) or highest (`max`) policy version the replicas serve now. Read before
     the first and after the last model call, it bounds every sampled token's version: a replica
     serves one version at a time, and versions only grow."""
-    from rlrun.v1 import inference_pb2
-
-    versions = []
-    for address in addresses:
-        reply = await runtime.client._stub(address).GetStatus(inference_pb2.GetInferenceStatusRequest())
-        versions.append(int(reply.policy_version))
+    versions = [(await runtime.client.status(address)).policy_version for address in addresses]
     return int(pick(versions))
 
 

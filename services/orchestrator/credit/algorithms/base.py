@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlrun.common.config import ConfigError
 from rlrun.common.errors import describe_validation_error
-from rlrun.common.types import Branch, Channel, LossKind, MessageNode, Trace
+from rlrun.common.wire.trace import Branch, Channel, LossKind, MessageNode, Trace
 from rlrun.orchestrator.collect.group import RolloutGroup
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from rlrun.common.types import ExampleId, Trace
+from rlrun.common.wire.trace import ExampleId, Trace
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms.base import AlgorithmArgs, GroupCredit, credit_sampled
 from rlrun.orchestrator.credit.algorithms.registry import register

@@ -6,43 +6,19 @@ before it writes it onto the trace: a malformed result is the env's bug and fail
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
-from rlrun.common.types import Channel, Trace, WireError, validate_dims
+from rlrun.common.wire.env import BranchResult, check_branch_results
+from rlrun.common.wire.trace import Trace
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms.base import Algorithm, AlgorithmDeps, add_credit
-
-
-@dataclass
-class BranchResult:
-    trace_id: str
-    branch_index: int
-    channels: list[Channel]
-    mask: list[bool]
-
 
 RunAlgorithms = Callable[[str, list[str], list[Trace]], Awaitable[list[BranchResult]]]
 """(env id, algorithm ids, traces) -> results; the env-server's RunAlgorithms."""
 
 
 def apply_branch_results(traces: list[Trace], results: list[BranchResult], where: str = "results") -> None:
+    check_branch_results(results, traces, where)
     by_id = {trace.id: trace for trace in traces}
-    for i, result in enumerate(results):
-        at = f"{where}[{i}]"
-        trace = by_id.get(result.trace_id)
-        if trace is None:
-            raise WireError(
-                f"{at}.trace_id", f"{at}.trace_id {result.trace_id!r} names no trace of the group"
-            )
-        if not 0 <= result.branch_index < len(trace.branches):
-            raise WireError(
-                f"{at}.branch_index",
-                f"{at}.branch_index {result.branch_index} is out of range: trace {trace.id!r} has {len(trace.branches)} branches",
-            )
-        if not result.mask:
-            raise WireError(f"{at}.mask", f"{at}.mask is empty; it needs one entry per branch token")
-        length = trace.branch_length(result.branch_index)
-        validate_dims(at, length, result.mask, result.channels, length_name="the branch")
     for result in results:
         branch = by_id[result.trace_id].branches[result.branch_index]
         for channel in result.channels:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rlrun.common.types import Trace
+from rlrun.common.wire.trace import Trace
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms.base import Scorer, add_credit
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from rlrun.common.config import POLICY, ConfigError
-from rlrun.common.types import Trace
+from rlrun.common.wire.trace import Trace
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.credit.algorithms.base import Algorithm, AlgorithmArgs, AlgorithmDeps
 from rlrun.orchestrator.credit.algorithms.logprob_delta import credit_logprob_deltas

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rlrun.common.types import Channel, Trace
+from rlrun.common.wire.trace import Channel, Trace
 from rlrun.env_server.envs.reverse_text import ReverseText
 from rlrun.env_server.sdk.algorithms import AlgorithmContext, BranchResult
 from rlrun.env_server.sdk.harnesses import SingleTurnHarness
