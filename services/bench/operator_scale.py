@@ -12,22 +12,28 @@ runs (and waiting until their pods are gone):
 - one namespace: `--runs` runs (default 50, about 500 pods) created at once in one namespace;
 - namespaces: as many runs spread over `--namespaces` namespaces (default 10).
 
+Every time of a phase starts at the API server's answer to the create of its first RLRun.
 Per phase, from the API server's audit log (one event per request):
 
 - the reconcile latency of each run: from the API server's answer to the `kubectl create` of
   the RLRun to the operator's creation of the last of its children (every object
   `desired_state` renders for it), p50 and p99;
-- API requests per reconcile pass: the requests of the operator's ServiceAccount, over the
-  passes its own metrics count (`rlrun_operator_reconciles_total`, every handler);
+- how long until every pod of the phase is created (by the StatefulSet and ReplicaSet
+  controllers, from the operator's workloads);
+- reconcile passes per run (its own metrics, `rlrun_operator_reconciles_total`, every
+  handler) and API requests per pass: the requests of the operator's ServiceAccount over those
+  passes;
 - the operator's CPU seconds per pass and its RSS (from /proc);
-- how long until every status is right: every pod of every run Ready and every run's status
-  what status.py makes of a run whose pods are all up and whose orchestrator does not answer
-  (kwok's pods run nothing): `observedGeneration` current, phase Pending, ConfigValid,
-  InferenceReady, EnvServersReady and TrainerReady True, Progressing, Degraded and Restarted
-  False.
+- how long until every status is right (polled each second): every pod of every run Ready and
+  every run's status what status.py makes of a run whose pods are all up and whose orchestrator
+  does not answer (kwok's pods run nothing): `observedGeneration` current, phase Pending,
+  ConfigValid, InferenceReady, EnvServersReady and TrainerReady True, Progressing, Degraded and
+  Restarted False.
 
-The ratios compare the many-run phase with the 1-run baseline and the spread phase with the
-one-namespace phase. The last stdout line is JSON. `--quick`: 5 runs, 2 namespaces.
+Then a steady window of status passes: requests per pass and per run and minute, passes done
+against those the interval asks for. The ratios compare the many-run phase with the 1-run
+baseline and the spread phase with the one-namespace phase. The last stdout line is JSON.
+`--quick`: 5 runs, 2 namespaces.
 
 Run it from a checkout (or pass `--root`) after `make k8s-tools`. This module imports nothing
 heavy at the top: `rlrun` builds its parser from it on every call.
@@ -401,6 +407,7 @@ class Phase:
     namespaces: int
     pods: int
     latencies_s: list[float]
+    pods_created_s: float
     right_s: float
     cleanup_s: float
     rss_mib: float
@@ -412,6 +419,7 @@ class Phase:
 
     def figures(self) -> dict[str, Any]:
         wanted = self.runs * self.steady.seconds / self.status_interval_s
+        steady_requests = sum(self.steady.requests_by_call.values())
         return {
             "runs": self.runs,
             "namespaces": self.namespaces,
@@ -419,12 +427,21 @@ class Phase:
             "latency_p50_s": round(statistics.median(self.latencies_s), 4),
             "latency_p99_s": round(_percentile(self.latencies_s, 0.99), 4),
             "latency_max_s": round(max(self.latencies_s), 4),
-            "right_s": round(self.right_s, 1),
+            "pods_created_s": round(self.pods_created_s, 3),
+            "right_s": round(self.right_s, 3),
+            # Until every status is right: passes of every handler (create, status timer, ...).
+            "passes_per_run": round(self.whole.passes / self.runs, 2),
             "cleanup_s": round(self.cleanup_s, 1),
             "operator_rss_mib": round(self.rss_mib, 1),
             **self.whole.figures(),
             # Passes the status interval asks for: one per run and interval.
-            "steady": {**self.steady.figures(), "passes_vs_wanted": round(self.steady.passes / wanted, 3)},
+            "steady": {
+                **self.steady.figures(),
+                "passes_vs_wanted": round(self.steady.passes / wanted, 3),
+                "requests_per_run_per_min": round(
+                    steady_requests / self.runs / (self.steady.seconds / 60), 2
+                ),
+            },
         }
 
 
@@ -436,13 +453,29 @@ def _call(event: dict[str, Any]) -> str:
     return f"{event['verb']} {resource}"
 
 
-def reconcile_latencies(
+@dataclass(frozen=True)
+class Timeline:
+    """A phase's creates, by the API server's clock (its answers, from the audit log)."""
+
+    created_at: float
+    """The answer to the first RLRun's create: where every time of the phase starts."""
+    latencies_s: list[float]
+    """Per run, from the answer to its RLRun's create to the answer to the operator's create of
+    its last child."""
+    pods_created_s: float
+    """From `created_at` to the answer to the create of the phase's last pod (by the StatefulSet
+    and ReplicaSet controllers)."""
+
+
+def timeline(
     events: list[dict[str, Any]], runs: dict[tuple[str, str], Expected], operator_user: str
-) -> list[float]:
-    """Per run, seconds from the API server's answer to the RLRun's create to its answer to the
-    operator's create of the run's last child (a server-side apply that answers 201)."""
+) -> Timeline:
+    """The phase's creates (answers 201; an operator's server-side apply that creates answers
+    201 too)."""
     created: dict[tuple[str, str], float] = {}
     children: dict[tuple[str, str, str], float] = {}
+    pods: list[float] = []
+    namespaces = {namespace for namespace, _ in runs}
     for event in events:
         ref = event.get("objectRef") or {}
         if event.get("stage") != "ResponseComplete" or (event.get("responseStatus") or {}).get("code") != 201:
@@ -451,6 +484,8 @@ def reconcile_latencies(
         when = _time(event["stageTimestamp"])
         if ref.get("resource") == "rlruns" and event["verb"] == "create":
             created[key] = when
+        elif ref.get("resource") == "pods" and not ref.get("subresource") and key[0] in namespaces:
+            pods.append(when)
         elif event["user"]["username"] == operator_user and not ref.get("subresource"):
             children.setdefault((ref.get("resource", ""), *key), when)
     latencies = []
@@ -460,7 +495,13 @@ def reconcile_latencies(
             raise RuntimeError(f"{namespace}/{name}: no create of the RLRun or of {missing} in the audit log")
         done = max(children[(r, namespace, n)] for r, n in want.children)
         latencies.append(done - created[(namespace, name)])
-    return latencies
+    want_pods = sum(want.pods for want in runs.values())
+    if len(pods) < want_pods:
+        raise RuntimeError(f"{len(pods)} pod creates in the audit log, {want_pods} pods wanted")
+    start = min(created.values())
+    # The phase's pods are all Ready by now: the last of the first `want_pods` creates (a pod
+    # the node controller or a drain replaced would come after).
+    return Timeline(start, latencies, sorted(pods)[want_pods - 1] - start)
 
 
 @dataclass
@@ -481,7 +522,6 @@ class Bench:
         stage(f"{label}: creating")
         self.audit.read()  # what came before the phase
         before = self.operator.usage()
-        started = time.time()
         import yaml
 
         self.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump_all(manifests))
@@ -494,10 +534,11 @@ class Bench:
         right_at = wait(label, right, self.size.timeout_s, self.operator)
         after = self.operator.usage()
         events = self.audit.read()
-        latencies = reconcile_latencies(events, runs, self.operator.user)
+        created = timeline(events, runs, self.operator.user)
         whole = self.window(before, after, events)
         stage(
-            f"{label}: right after {right_at - started:.1f}s; {STEADY_INTERVALS} status intervals of steady state"
+            f"{label}: right after {right_at - created.created_at:.1f}s; "
+            f"{STEADY_INTERVALS} status intervals of steady state"
         )
         time.sleep(STEADY_INTERVALS * self.size.status_interval_s)
         steady = self.window(after, self.operator.usage(), self.audit.read())
@@ -515,8 +556,9 @@ class Bench:
             runs=len(runs),
             namespaces=len(namespaces),
             pods=pods,
-            latencies_s=latencies,
-            right_s=right_at - started,
+            latencies_s=created.latencies_s,
+            pods_created_s=created.pods_created_s,
+            right_s=right_at - created.created_at,
             cleanup_s=gone_at - deleting,
             rss_mib=after.rss_kib / 1024,
             whole=whole,
@@ -587,15 +629,18 @@ def result_of(phases: dict[str, Phase], size: Size, start_s: float, peak_rss_kib
     figures = {
         "latency_p50_s": lambda p: p["latency_p50_s"],
         "latency_p99_s": lambda p: p["latency_p99_s"],
+        "pods_created_s": lambda p: p["pods_created_s"],
+        "right_s": lambda p: p["right_s"],
+        "passes_per_run": lambda p: p["passes_per_run"],
         "requests_per_pass": lambda p: p["requests_per_pass"],
         "steady_requests_per_pass": lambda p: p["steady"]["requests_per_pass"],
+        "steady_requests_per_run_per_min": lambda p: p["steady"]["requests_per_run_per_min"],
         "steady_cpu_ms_per_pass": lambda p: p["steady"]["cpu_ms_per_pass"],
         "steady_passes_vs_wanted": lambda p: p["steady"]["passes_vs_wanted"],
     }
     for key, figure in figures.items():
         ratios[f"{key}_{size.runs}_vs_1"] = _ratio(figure(one), figure(base))
         ratios[f"{key}_{size.namespaces}ns_vs_1ns"] = _ratio(figure(spread), figure(one))
-    ratios[f"right_s_{size.namespaces}ns_vs_1ns"] = _ratio(spread["right_s"], one["right_s"])
     return {
         "benchmark": "operator-scale",
         "runs": size.runs,
@@ -615,11 +660,14 @@ ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runs / pods / namespaces", lambda p: f"{p['runs']} / {p['pods']} / {p['namespaces']}"),
     ("reconcile latency p50 (s)", lambda p: f"{p['latency_p50_s']:.3f}"),
     ("reconcile latency p99 (s)", lambda p: f"{p['latency_p99_s']:.3f}"),
+    ("every pod created after (s)", lambda p: f"{p['pods_created_s']:.1f}"),
+    ("reconcile passes per run", lambda p: f"{p['passes_per_run']:.2f}"),
     ("API requests per pass", lambda p: f"{p['requests_per_pass']:.1f}"),
     ("operator CPU per pass (ms)", lambda p: f"{p['cpu_ms_per_pass']:.1f}"),
     ("every status right after (s)", lambda p: f"{p['right_s']:.1f}"),
     ("steady: status passes / wanted", lambda p: f"{p['steady']['passes_vs_wanted']:.2f}"),
     ("steady: API requests per pass", lambda p: f"{p['steady']['requests_per_pass']:.1f}"),
+    ("steady: requests per run per min", lambda p: f"{p['steady']['requests_per_run_per_min']:.1f}"),
     ("steady: CPU per pass (ms)", lambda p: f"{p['steady']['cpu_ms_per_pass']:.1f}"),
     ("steady: operator CPU (cores)", lambda p: f"{p['steady']['operator_cpu_cores']:.2f}"),
     ("operator RSS (MiB)", lambda p: f"{p['operator_rss_mib']:.0f}"),
