@@ -240,7 +240,7 @@ def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]
     meta = run["metadata"]
     # The run's objects, listed once for both steps (a list per kind, not a GET per object).
     owned = list_owned(kube, meta["name"], meta["namespace"])
-    result = apply_objects(kube, objects, owned=owned)
+    result = apply_objects(kube, objects, owned)
     return prune_objects(
         kube, meta["name"], meta["namespace"], meta["uid"], objects, result=result, owned=owned
     )

@@ -257,29 +257,29 @@ def list_owned(kube: Kube, run_name: str, namespace: str, kinds=OWNED_KINDS) -> 
 
 
 def apply_objects(
-    kube: Kube, desired: list[dict[str, Any]], result: ApplyResult | None = None, owned: Owned | None = None
+    kube: Kube, desired: list[dict[str, Any]], owned: Owned, result: ApplyResult | None = None
 ) -> ApplyResult:
     """Server-side apply what is missing or changed. The live objects come from `owned` (the
-    run's objects as listed, one request per kind instead of one per object), else from a GET
-    each. An object the API server refuses (e.g. an immutable field) is reported in `failed`
-    and left as it is."""
+    run's objects as listed: one request per kind, never a GET per object, so the chart grants
+    no `get` on them). An object the API server refuses (e.g. an immutable field), or one of a
+    kind whose list failed, is reported in `failed` and left as it is."""
     result = result or ApplyResult()
     for obj in desired:
         digest = content_hash(obj)
         obj = json.loads(json.dumps(obj))
         obj["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest
         api_version, kind, name = object_key(obj)
-        namespace = obj["metadata"]["namespace"]
         try:
             if (api_version, kind) in WRITE_ONLY_KINDS:
                 # The answer is not kept (nor compared): the desired form is all the operator
                 # knows of it.
                 kube.apply(obj, field_manager(obj))
                 continue
-            if owned is not None and (api_version, kind) in owned.listed:
-                live = owned.objects.get(object_key(obj))
-            else:
-                live = kube.get(api_version, kind, namespace, name)
+            if (api_version, kind) not in owned.listed:
+                # Unknown, not missing: the next pass, whose list may answer, applies it.
+                result.failed.append(f"{_label(obj)}: its kind was not listed")
+                continue
+            live = owned.objects.get(object_key(obj))
             if live is None:
                 live = kube.apply(obj, field_manager(obj))
                 result.created.append(_label(obj))
