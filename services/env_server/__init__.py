@@ -17,6 +17,7 @@ a TurnHarness and scores with MemberScores (see rlrun.env_server.sdk.multi_agent
 """
 
 from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.trace import Trace
 from rlrun.env_server.sdk.algorithms import AlgorithmContext, BranchResult, EnvAlgorithm, sampled_advantage
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.environment import Environment
@@ -63,6 +64,7 @@ __all__ = [
     "Taskset",
     "ToolCallingHarness",
     "ToolError",
+    "Trace",
     "TurnHarness",
     "exact_match",
     "generate_group",

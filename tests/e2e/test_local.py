@@ -16,8 +16,12 @@ DEMO = REPO / "configs" / "reverse_text.toml"
 SUMMARY_KEYS = {"steps", "eval_reward_start", "eval_reward_end", "wall_s", "tokens_per_s"}
 
 
-def rlrun_local(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def rlrun_local(
+    *args: str, timeout: float = 600, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "rlrun.cli", "local", *args, "--no-progress"],
         capture_output=True,
@@ -67,12 +71,41 @@ def test_short_run_learns_and_writes_its_outputs(tmp_path):
     assert not rlrun_children(out)
 
 
-def test_a_child_that_dies_is_named_and_nothing_is_left_behind(tmp_path):
+CRASHING_ENV = """
+import os
+from pathlib import Path
+
+from rlrun.env_server.envs.reverse_text import ReverseText
+
+FIRST = Path(__file__).with_suffix(".pid")
+
+
+class Crashing(ReverseText):
+    \"\"\"Builds in the first process that builds it (rlrun local's checks), then dies in every
+    other (the env-server), as an env whose native code crashes in the server would.\"\"\"
+
+    def __init__(self, **kwargs):
+        if not FIRST.exists():
+            FIRST.write_text(str(os.getpid()))
+        if FIRST.read_text() != str(os.getpid()):
+            os._exit(3)
+        super().__init__(**kwargs)
+"""
+
+
+def crashing_run(tmp_path: Path) -> Path:
+    """A run file whose env passes the checks and dies in the env-server."""
+    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
     bad = tmp_path / "bad.toml"
-    bad.write_text(DEMO.read_text().replace('id = "reverse-text"', 'id = "no-such-env"'))
-    result = rlrun_local(str(bad), "--output-dir", str(tmp_path / "run"), timeout=300)
-    assert result.returncode == 1
-    assert "env-server-no-such-env" in result.stderr
+    bad.write_text(DEMO.read_text().replace('id = "reverse-text"', 'id = "crashing_env:Crashing"'))
+    return bad
+
+
+def test_a_child_that_dies_is_named_and_nothing_is_left_behind(tmp_path):
+    bad = crashing_run(tmp_path)
+    result = rlrun_local(str(bad), "--output-dir", str(tmp_path / "run"), timeout=300, pythonpath=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "env-server-crashing_env-Crashing" in result.stderr, result.stderr[-3000:]
     assert str(tmp_path / "run" / "logs") in result.stderr
     assert not rlrun_children(tmp_path / "run")
     # The dashboard's address came first (the session's dashboard, started or reused), and
@@ -83,11 +116,21 @@ def test_a_child_that_dies_is_named_and_nothing_is_left_behind(tmp_path):
     assert (tmp_path / "run").resolve() in registry.registered()
 
 
-def test_no_dashboard_registers_nothing_and_starts_none(tmp_path, monkeypatch):
-    monkeypatch.setenv(registry.HOME_ENV, str(tmp_path / "home"))
+def test_an_unknown_env_is_refused_before_anything_starts(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(DEMO.read_text().replace('id = "reverse-text"', 'id = "no-such-env"'))
     result = rlrun_local(str(bad), "--output-dir", str(tmp_path / "run"), "--no-dashboard", timeout=300)
+    assert result.returncode == 2
+    assert "orchestrator.train.env.0.id: unknown environment 'no-such-env'" in result.stderr
+    assert not (tmp_path / "run" / "logs").exists() and not rlrun_children(tmp_path / "run")
+
+
+def test_no_dashboard_registers_nothing_and_starts_none(tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.HOME_ENV, str(tmp_path / "home"))
+    bad = crashing_run(tmp_path)
+    result = rlrun_local(
+        str(bad), "--output-dir", str(tmp_path / "run"), "--no-dashboard", timeout=300, pythonpath=tmp_path
+    )
     assert result.returncode == 1 and "rlrun local: dashboard" not in result.stderr
     assert registry.registered() == [] and registry.live_server() is None
 
