@@ -43,8 +43,12 @@ BENCHMARKS = {
         "rlrun.bench.gpu",
         "served engine, learner, weight sync and rlrun local on one GPU, each vs its baseline",
     ),
+    "operator-scale": (
+        "rlrun.bench.operator_scale",
+        "the operator with 50 runs (500 kwok pods) in 1 and in 10 namespaces vs 1 run, on a real control plane",
+    ),
 }
-BENCHMARK_OPTIONS = {"gpu"}
+BENCHMARK_OPTIONS = {"gpu", "operator-scale"}
 """Benchmarks with options of their own: their modules define `add_arguments(parser)` and
 import nothing heavy at the top (the parser is built on every `rlrun` call)."""
 

@@ -31,7 +31,14 @@ import kopf
 from rlrun.operator import kueue
 from rlrun.operator.auth import run_credentials
 from rlrun.operator.config import Cluster, auth_secret_name
-from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
+from rlrun.operator.kube import (
+    ApplyResult,
+    Kube,
+    KubeError,
+    apply_objects,
+    list_owned,
+    prune_objects,
+)
 from rlrun.operator.metrics import OperatorMetrics
 from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state, pod_group_name
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
@@ -111,6 +118,16 @@ class _Runtime:
         self._kube: Kube | None = None
         self._lock = threading.Lock()
         self.runs: set[tuple[str, str]] = set()
+        self._passes: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def pass_lock(self, meta: Any) -> asyncio.Lock:
+        """One pass at a time per run. kopf runs the status timer beside the change handlers:
+        two passes of a new run would each find its children missing and apply every one twice."""
+        return self._passes.setdefault((meta.get("namespace"), meta.get("name")), asyncio.Lock())
+
+    def forget(self, meta: Any) -> None:
+        self.runs.discard((meta.get("namespace"), meta.get("name")))
+        self._passes.pop((meta.get("namespace"), meta.get("name")), None)
 
     @property
     def kube(self) -> Kube:
@@ -221,8 +238,12 @@ def _release_gang(runtime: _Runtime, run: dict[str, Any], result: ApplyResult) -
 def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]) -> ApplyResult:
     kube = runtime.kube
     meta = run["metadata"]
-    result = apply_objects(kube, objects)
-    return prune_objects(kube, meta["name"], meta["namespace"], meta["uid"], objects, result=result)
+    # The run's objects, listed once for both steps (a list per kind, not a GET per object).
+    owned = list_owned(kube, meta["name"], meta["namespace"])
+    result = apply_objects(kube, objects, owned)
+    return prune_objects(
+        kube, meta["name"], meta["namespace"], meta["uid"], objects, result=result, owned=owned
+    )
 
 
 async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.Logger, poll: bool) -> None:
@@ -338,15 +359,24 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
     async def reconcile(body: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
         meta = body.get("metadata") or {}
         runtime.runs.add((meta.get("namespace"), meta.get("name")))
-        await sync(runtime, body, patch, logger, poll=False)
+        async with runtime.pass_lock(meta):
+            await sync(runtime, body, patch, logger, poll=False)
 
+    # The first tick waits an interval: the create and resume handlers make the first pass.
     @kopf.timer(
-        *resource, registry=registry, id="status", interval=options.status_interval_s, initial_delay=0
+        *resource,
+        registry=registry,
+        id="status",
+        interval=options.status_interval_s,
+        initial_delay=options.status_interval_s,
     )
     async def observe(body: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
-        if (body.get("metadata") or {}).get("deletionTimestamp"):
-            return
-        await sync(runtime, body, patch, logger, poll=True)
+        meta = body.get("metadata") or {}
+        lock = runtime.pass_lock(meta)
+        if meta.get("deletionTimestamp") or lock.locked():
+            return  # a pass under way (a change's) reads and writes what this one would
+        async with lock:
+            await sync(runtime, body, patch, logger, poll=True)
 
     @kopf.on.delete(*resource, registry=registry, id="cleanup")
     async def cleanup(body: Any, logger: logging.Logger, **_: Any) -> None:
@@ -361,7 +391,7 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
                 result.deleted.append(f"Secret/{secret}")
             if (body.get("spec") or {}).get("queueName"):
                 await asyncio.to_thread(_release_gang, runtime, _plain(body), result)
-        runtime.runs.discard((meta.get("namespace"), meta.get("name")))
+        runtime.forget(meta)
         options.metrics.forget(meta.get("namespace"), meta.get("name"))
         if result.deleted:
             logger.info("deleted %s", ", ".join(result.deleted))

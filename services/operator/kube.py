@@ -7,7 +7,9 @@ field manager per component (`rlrun-operator/<component>`), with force: the live
 holds exactly the desired fields, and a field the RLRun no longer asks for (a nodeSelector, a
 priorityClassName, the Kueue queue label) leaves it, which a merge patch never does. Two
 passes that race (kopf's status timer beside an update handler) both succeed, where a create
-would answer 409 to the second. An object is applied when it is missing, when the hash of its
+would answer 409 to the second. A pass reads the run's objects with one list per kind (by the
+run's label), for both the apply and the prune, not with a GET per object: the requests of a
+pass do not grow with the objects of a run. An object is applied when it is missing, when the hash of its
 desired form (kept in the annotation `rlrun.dev/applied-hash`) changed, or when someone edited a
 field the operator sets (the desired object is no longer a subset of the live one; the fields
 the API server defaults are extra and do not count, and resource quantities compare by value,
@@ -228,25 +230,56 @@ def field_manager(obj: dict[str, Any]) -> str:
     return f"{FIELD_MANAGER}/{component}" if component else FIELD_MANAGER
 
 
+@dataclass
+class Owned:
+    """The objects labelled as one run's, read with one list per kind."""
+
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    listed: set[tuple[str, str]] = field(default_factory=set)
+    """The kinds read; a kind whose list failed is not among them."""
+    failed: list[str] = field(default_factory=list)
+
+
+def list_owned(kube: Kube, run_name: str, namespace: str, kinds=OWNED_KINDS) -> Owned:
+    owned = Owned()
+    for api_version, kind in kinds:
+        try:
+            items = kube.list(api_version, kind, namespace, {RUN_LABEL: run_name})
+        except KubeError as error:
+            owned.failed.append(f"list {kind}: {error.message}")
+            continue
+        owned.listed.add((api_version, kind))
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+            owned.objects[object_key(item)] = item
+    return owned
+
+
 def apply_objects(
-    kube: Kube, desired: list[dict[str, Any]], result: ApplyResult | None = None
+    kube: Kube, desired: list[dict[str, Any]], owned: Owned, result: ApplyResult | None = None
 ) -> ApplyResult:
-    """Server-side apply what is missing or changed. An object the API server refuses (e.g. an
-    immutable field) is reported in `failed` and left as it is."""
+    """Server-side apply what is missing or changed. The live objects come from `owned` (the
+    run's objects as listed: one request per kind, never a GET per object, so the chart grants
+    no `get` on them). An object the API server refuses (e.g. an immutable field), or one of a
+    kind whose list failed, is reported in `failed` and left as it is."""
     result = result or ApplyResult()
     for obj in desired:
         digest = content_hash(obj)
         obj = json.loads(json.dumps(obj))
         obj["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest
         api_version, kind, name = object_key(obj)
-        namespace = obj["metadata"]["namespace"]
         try:
             if (api_version, kind) in WRITE_ONLY_KINDS:
                 # The answer is not kept (nor compared): the desired form is all the operator
                 # knows of it.
                 kube.apply(obj, field_manager(obj))
                 continue
-            live = kube.get(api_version, kind, namespace, name)
+            if (api_version, kind) not in owned.listed:
+                # Unknown, not missing: the next pass, whose list may answer, applies it.
+                result.failed.append(f"{_label(obj)}: its kind was not listed")
+                continue
+            live = owned.objects.get(object_key(obj))
             if live is None:
                 live = kube.apply(obj, field_manager(obj))
                 result.created.append(_label(obj))
@@ -275,24 +308,20 @@ def prune_objects(
     keep: list[dict[str, Any]],
     kinds=OWNED_KINDS,
     result: ApplyResult | None = None,
+    owned: Owned | None = None,
 ) -> ApplyResult:
-    """Delete objects this run owns (by label and owner uid) that are not in `keep`."""
+    """Delete objects this run owns (by label and owner uid) that are not in `keep`, from
+    `owned` when the run's objects were listed already."""
     result = result or ApplyResult()
+    owned = owned or list_owned(kube, run_name, namespace, kinds)
+    result.failed.extend(owned.failed)
     wanted = {object_key(obj) for obj in keep}
-    for api_version, kind in kinds:
-        try:
-            items = kube.list(api_version, kind, namespace, {RUN_LABEL: run_name})
-        except KubeError as error:
-            result.failed.append(f"list {kind}: {error.message}")
+    for (api_version, kind, name), item in owned.objects.items():
+        if not owned_by(item, uid) or (api_version, kind, name) in wanted:
             continue
-        for item in items:
-            item.setdefault("apiVersion", api_version)
-            item.setdefault("kind", kind)
-            if not owned_by(item, uid) or object_key(item) in wanted:
-                continue
-            try:
-                if kube.delete(api_version, kind, namespace, item["metadata"]["name"]):
-                    result.deleted.append(_label(item))
-            except KubeError as error:
-                result.failed.append(f"delete {_label(item)}: {error.message}")
+        try:
+            if kube.delete(api_version, kind, namespace, name):
+                result.deleted.append(_label(item))
+        except KubeError as error:
+            result.failed.append(f"delete {_label(item)}: {error.message}")
     return result

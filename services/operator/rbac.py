@@ -17,15 +17,16 @@ REQUIRED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("rlrun.dev", "rlruns/status", ("patch",)),
     # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
     ("rlrun.dev", "rlruns/finalizers", ("update",)),
-    # The run's children: server-side apply (get, then patch; create too when the apply
-    # creates the object) and prune (list, delete).
-    ("", "configmaps", ("get", "list", "create", "patch", "delete")),
-    ("", "services", ("get", "list", "create", "patch", "delete")),
-    ("", "persistentvolumeclaims", ("get", "list", "create", "patch", "delete")),
-    ("apps", "statefulsets", ("get", "list", "create", "patch", "delete")),
-    ("apps", "deployments", ("get", "list", "create", "patch", "delete")),
-    ("policy", "poddisruptionbudgets", ("get", "list", "create", "patch", "delete")),
-    ("networking.k8s.io", "networkpolicies", ("get", "list", "create", "patch", "delete")),
+    # The run's children: one list per kind and pass (the live objects for the apply and the
+    # prune; no get), server-side apply (patch; create too when the apply creates the object)
+    # and prune (delete).
+    ("", "configmaps", ("list", "create", "patch", "delete")),
+    ("", "services", ("list", "create", "patch", "delete")),
+    ("", "persistentvolumeclaims", ("list", "create", "patch", "delete")),
+    ("apps", "statefulsets", ("list", "create", "patch", "delete")),
+    ("apps", "deployments", ("list", "create", "patch", "delete")),
+    ("policy", "poddisruptionbudgets", ("list", "create", "patch", "delete")),
+    ("networking.k8s.io", "networkpolicies", ("list", "create", "patch", "delete")),
     # Read only: the status counts the restarts of the run's pods and says why one does not
     # run (one list per sync).
     ("", "pods", ("list",)),

@@ -9,13 +9,18 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
 
 from rlrun.cli import BENCHMARKS
 
-from ..support.checkout import BIN, fresh_checkout, user_env
+from ..support.checkout import BIN, REPO, fresh_checkout, user_env
+
+sys.path.insert(0, str(REPO / "tests" / "support"))  # as tests/operator/conftest.py does
+
+from kubecluster.processes import TOOLS  # noqa: E402
 
 Check = Callable[[dict, subprocess.CompletedProcess], None]
 
@@ -149,6 +154,81 @@ def check_gpu(last: dict, result: subprocess.CompletedProcess) -> None:
         assert part in result.stderr, part
 
 
+SCALE_PHASES = {"baseline": (1, 1), "one_namespace": (5, 1), "namespaces": (5, 2)}
+"""Each phase's (runs, namespaces) with --quick."""
+READS = {"get", "list", "watch"}
+STEADY_WRITES = {"patch secrets", "patch rlruns/status"}
+"""What a status pass of a run that is up may write: the Secret it cannot read (applied blind;
+an apply that changes nothing writes nothing) and the status."""
+SCALE_RATIOS = {
+    "latency_p50_s",
+    "latency_p99_s",
+    "pods_created_s",
+    "right_s",
+    "passes_per_run",
+    "requests_per_pass",
+    "steady_requests_per_pass",
+    "steady_requests_per_run_per_min",
+    "steady_cpu_ms_per_pass",
+    "steady_passes_vs_wanted",
+}
+
+
+def scale_figure(phase: dict, name: str) -> float:
+    return phase["steady"][name.removeprefix("steady_")] if name.startswith("steady_") else phase[name]
+
+
+def check_operator_scale(last: dict, result: subprocess.CompletedProcess) -> None:
+    """A real control plane with kwok nodes, the chart installed by helm, the operator as a
+    process of its own; 1 run, then 5 in one namespace, then 5 over 2. Every figure is measured
+    (the audit log's requests and creates, the operator's own pass counter, /proc), every ratio
+    is a quotient of two of them, and once every run is up a status pass re-applies nothing."""
+    assert (last["benchmark"], last["quick"], last["runs"], last["namespaces"]) == (
+        "operator-scale",
+        True,
+        5,
+        2,
+    )
+    assert last["pods_per_run"] == 10 and last["operator_peak_rss_mib"] > 0
+    phases = last["phases"]
+    for name, (runs, namespaces) in SCALE_PHASES.items():
+        phase = phases[name]
+        assert (phase["runs"], phase["namespaces"], phase["pods"]) == (runs, namespaces, runs * 10), name
+        assert 0 < phase["latency_p50_s"] <= phase["latency_p99_s"] <= phase["latency_max_s"], name
+        # The children come before their pods, the pods before every status is right.
+        assert phase["latency_max_s"] < phase["pods_created_s"] < phase["right_s"], name
+        # Every run was reconciled at least once, and each pass asked the API server something.
+        assert phase["passes"] >= runs and phase["requests"] >= phase["passes"], name
+        assert phase["passes_per_run"] == pytest.approx(phase["passes"] / runs, abs=0.01), name
+        assert sum(phase["requests_per_pass_by_call"].values()) == pytest.approx(
+            phase["requests_per_pass"], abs=0.05 * len(phase["requests_per_pass_by_call"])
+        )
+        assert phase["cpu_ms_per_pass"] > 0 and phase["operator_rss_mib"] > 0, name
+        steady = phase["steady"]
+        assert steady["passes"] > 0 and steady["requests_per_pass"] > 0, name
+        assert steady["requests_per_run_per_min"] > 0, name
+        writes = {call for call in steady["requests_per_pass_by_call"] if call.split()[0] not in READS}
+        assert writes <= STEADY_WRITES, f"{name}: a status pass of runs that are up wrote {writes}"
+    ratios = last["ratios"]
+    base, one, spread = (phases[name] for name in SCALE_PHASES)
+    assert set(ratios) == {f"{f}_5_vs_1" for f in SCALE_RATIOS} | {f"{f}_2ns_vs_1ns" for f in SCALE_RATIOS}
+    for figure in SCALE_RATIOS:
+        for key, (measured, baseline) in {
+            f"{figure}_5_vs_1": (one, base),
+            f"{figure}_2ns_vs_1ns": (spread, one),
+        }.items():
+            value = ratios[key]
+            assert math.isfinite(value) and value > 0, key
+            assert value == pytest.approx(
+                scale_figure(measured, figure) / scale_figure(baseline, figure), rel=1e-2, abs=2e-3
+            ), key
+    # The table, and a progress line per phase on stderr.
+    for row in ("reconcile latency p50 (s)", "every pod created after (s)", "reconcile passes per run"):
+        assert row in result.stdout, row
+    for progress in ("baseline: 1 runs", "one_namespace: 5 runs", "namespaces: 5 runs, 50 pods, 2 namespace"):
+        assert progress in result.stderr, progress
+
+
 CHECKS: dict[str, Check] = {
     "inference": check_inference,
     "env-server": check_env_server,
@@ -158,10 +238,15 @@ CHECKS: dict[str, Check] = {
     "stack": check_stack,
     "verifiers": check_verifiers,
     "gpu": check_gpu,
+    "operator-scale": check_operator_scale,
 }
 OPTIONS = {"gpu": ["--cpu"]}
-SLOW = {"inference", "env-server", "async", "stack", "verifiers"}
-"""Minutes each on this 2-core machine (make test-slow runs them)."""
+ENV = {"operator-scale": {"RLRUN_K8S_TOOLS": str(TOOLS)}}
+"""A fresh checkout has no `make k8s-tools` output: the bench uses this checkout's binaries."""
+SLOW = {"inference", "env-server", "async", "stack", "verifiers", "operator-scale"}
+"""Minutes each on this 2-core machine (make test-slow runs them). operator-scale takes 1.5 min
+with its control plane; tests/operator/test_requests.py holds its request counts for one run
+in the default suite."""
 
 
 def test_every_benchmark_is_run_here():
@@ -178,7 +263,7 @@ def test_the_benchmark_runs_quick_on_a_fresh_checkout(tmp_path, name):
     result = subprocess.run(
         [str(BIN / "rlrun"), "bench", name, "--quick", *OPTIONS.get(name, []), "--output", str(output)],
         cwd=checkout,
-        env=user_env(),
+        env=user_env(**ENV.get(name, {})),
         capture_output=True,
         text=True,
         timeout=1500,
@@ -187,3 +272,17 @@ def test_the_benchmark_runs_quick_on_a_fresh_checkout(tmp_path, name):
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert json.loads(output.read_text()) == last
     CHECKS[name](last, result)
+
+
+def test_operator_scale_outside_a_checkout_says_what_it_needs(tmp_path):
+    result = subprocess.run(
+        [str(BIN / "rlrun"), "bench", "operator-scale", "--quick"],
+        cwd=tmp_path,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "is not an rlrun checkout" in result.stderr and "--root" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from rlrun.operator.kube import APPLIED_HASH, apply_objects, is_subset, prune_objects
+from rlrun.operator.kube import APPLIED_HASH, apply_objects, is_subset, list_owned, prune_objects
 
 from .conftest import load_sample
 
@@ -43,6 +43,11 @@ def test_edits_to_operator_fields_are_drift():
     )  # quantities only under resources
 
 
+def apply(kube, objects: list[dict]):
+    """As a pass applies: from the run's objects, listed."""
+    return apply_objects(kube, objects, list_owned(kube, "r", objects[0]["metadata"]["namespace"]))
+
+
 def config_map(data: str, namespace: str, uid: str) -> dict:
     return {
         "apiVersion": "v1",
@@ -64,15 +69,15 @@ async def test_apply_creates_patches_only_on_change_and_prunes(kube, namespace):
     owner = load_sample(namespace=namespace)
     owner["metadata"]["name"] = "r"
     uid = (await asyncio.to_thread(kube.create, owner))["metadata"]["uid"]
-    first = await asyncio.to_thread(apply_objects, kube, [config_map("a = 1", namespace, uid)])
+    first = await asyncio.to_thread(apply, kube, [config_map("a = 1", namespace, uid)])
     assert first.created == ["ConfigMap/r-config"] and not first.updated
     live = first.live[("v1", "ConfigMap", "r-config")]
     assert live["metadata"]["annotations"][APPLIED_HASH]
     # The API server's own record: one field manager per component (here none: the operator's).
     assert [m["manager"] for m in live["metadata"]["managedFields"]] == ["rlrun-operator"]
-    again = await asyncio.to_thread(apply_objects, kube, [config_map("a = 1", namespace, uid)])
+    again = await asyncio.to_thread(apply, kube, [config_map("a = 1", namespace, uid)])
     assert not again.changed
-    changed = await asyncio.to_thread(apply_objects, kube, [config_map("a = 2", namespace, uid)])
+    changed = await asyncio.to_thread(apply, kube, [config_map("a = 2", namespace, uid)])
     assert changed.updated == ["ConfigMap/r-config"]
     assert (await asyncio.to_thread(kube.get, "v1", "ConfigMap", namespace, "r-config"))["data"] == {
         "config.toml": "a = 2"

@@ -103,7 +103,7 @@ async def test_operator_end_to_end(
         "Degraded": "False",
         "Restarted": "False",
     }
-    assert orchestrator_stub.calls >= 2
+    assert orchestrator_stub.calls >= 1  # the first poll comes an interval after the create pass
     # `kubectl get rlrun` prints them in the CRD's columns (the API server's Table output).
     _, out, _ = await kubectl("get", "rlrun", NAME, "--no-headers")
     assert out.split()[:5] == [NAME, "Running", "7", "0.625", "7"]
@@ -192,7 +192,10 @@ async def test_an_algorithm_args_typo_fails_the_run_naming_the_key(
     fails the run at once, in the status, before any pod starts."""
     await run_operator(status_interval_s=0.5, status_address=f"127.0.0.1:{orchestrator_stub.port}")
     bad = sample(namespace)
-    bad["spec"]["config"] += "\n[orchestrator.algorithm_args.grpo]\nclip_epsilon_hgih = 0.3\n"
+    # (The sample has the table already: a second one would be a TOML error, not the typo.)
+    table = "[orchestrator.algorithm_args.grpo]\n"
+    assert table in bad["spec"]["config"]
+    bad["spec"]["config"] = bad["spec"]["config"].replace(table, table + "clip_epsilon_hgih = 0.3\n")
     await call(kube.create, bad)
     run = await eventually(phase_is(kube, namespace, "Failed"), message="phase Failed")
     valid = next(c for c in run["status"]["conditions"] if c["type"] == "ConfigValid")
