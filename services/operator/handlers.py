@@ -28,21 +28,19 @@ from typing import Any
 
 import kopf
 
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.operator import kueue
 from rlrun.operator.auth import run_credentials
 from rlrun.operator.config import Cluster, auth_secret_name
 from rlrun.operator.kube import ApplyResult, Kube, KubeError, apply_objects, prune_objects
 from rlrun.operator.metrics import OperatorMetrics
+from rlrun.operator.pods import PodState, pod_state
 from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state, pod_group_name
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
 from rlrun.operator.status import (
-    TERMINAL,
     Observation,
-    OrchestratorReport,
-    PodState,
     build_status,
     is_finished,
-    pod_state,
     status_patch,
     transition_events,
     ttl_expired,
@@ -138,9 +136,7 @@ def _to_dict(value: Any) -> Any:
     return value
 
 
-async def _report(
-    runtime: _Runtime, run: dict[str, Any], spec: Any
-) -> tuple[OrchestratorReport | None, str | None]:
+async def _report(runtime: _Runtime, run: dict[str, Any], spec: Any) -> tuple[RunStatus | None, str | None]:
     options = runtime.options
     meta = run["metadata"]
     address = options.status_address.format(
@@ -248,7 +244,7 @@ async def _sync(
     if poll and state.error is None and not finished and not state.spec.suspend:
         polled = True
         report, poll_error = await _report(runtime, run, state.spec)
-        if report is not None and report.run_phase in TERMINAL:
+        if report is not None and report.finished:
             finished = True
             state = desired_state(run, options.defaults, finished=True, gang_admitted=admitted)
 

@@ -6,15 +6,14 @@ import datetime as dt
 
 import pytest
 
+from rlrun.common.wire.orchestrator import RunStatus, status_from_proto
+from rlrun.operator.pods import PodState, pod_state
 from rlrun.operator.reconcile import Workload
 from rlrun.operator.status import (
     Observation,
-    OrchestratorReport,
-    PodState,
     WorkloadState,
     build_status,
     is_finished,
-    pod_state,
     status_patch,
     transition_events,
     ttl_expired,
@@ -31,8 +30,8 @@ READY = [
 ]
 
 
-def report(phase="RUN_PHASE_RUNNING", **fields) -> OrchestratorReport:
-    return OrchestratorReport(phase=phase, **fields)
+def report(phase="RUN_PHASE_RUNNING", **fields) -> RunStatus:
+    return status_from_proto(orchestrator_pb2.GetRunStatusResponse(phase=phase, **fields))
 
 
 def observe(previous=None, now=T0, **kwargs):
@@ -74,7 +73,7 @@ def test_running_status_carries_the_orchestrator_numbers():
         tokens_per_s=99.5,
         groups_dropped_stale=3,
     )
-    status = observe(polled=True, report=OrchestratorReport.from_proto(message))
+    status = observe(polled=True, report=status_from_proto(message))
     assert status["phase"] == "Running"
     assert (status["step"], status["maxSteps"], status["policyVersion"]) == (12, 100, 12)
     assert (status["reward"], status["evalReward"], status["offPolicyLag"]) == (0.75, 0.5, 1)
