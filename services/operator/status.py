@@ -328,11 +328,6 @@ def build_status(previous: dict[str, Any] | None, obs: Observation) -> dict[str,
     return next_status(RLRunStatus.from_crd(previous), obs).to_crd()
 
 
-def compact(status: dict[str, Any]) -> dict[str, Any]:
-    """`status` without None values (what the API server would store)."""
-    return {k: v for k, v in status.items() if v is not None}
-
-
 def status_patch(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """A merge patch from `previous` to `new`: changed keys, and None for removed ones (also
     inside a map such as `restarts`, which a merge patch merges key by key)."""
@@ -355,41 +350,44 @@ def status_patch(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[s
 
 def transition_events(previous: dict[str, Any] | None, new: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Kubernetes Events (type, reason, message) for what changed between two statuses."""
-    previous = previous or {}
+    before, after = RLRunStatus.from_crd(previous), RLRunStatus.from_crd(new)
     events: list[tuple[str, str, str]] = []
-    if previous.get("phase") != new.get("phase"):
-        kind = "Warning" if new.get("phase") == "Failed" else "Normal"
-        events.append(
-            (
-                kind,
-                new["phase"],
-                f"phase {previous.get('phase') or 'None'} -> {new['phase']}: {new.get('message') or ''}".strip(),
-            )
-        )
-    before = {c["type"]: c for c in previous.get("conditions") or []}
-    for condition in new.get("conditions") or []:
-        if condition["type"] == "Restarted":
-            continue  # an event for every restart, below
-        old = before.get(condition["type"])
-        if old is not None and old.get("status") == condition["status"]:
+    if before.phase != after.phase:
+        kind = "Warning" if after.phase == "Failed" else "Normal"
+        message = f"phase {before.phase or 'None'} -> {after.phase}: {after.message or ''}"
+        events.append((kind, str(after.phase), message.strip()))
+    events += _condition_events(before, after)
+    counts_before = before.restarts or {}
+    if any(
+        count > (counts_before.get(component) or 0) for component, count in (after.restarts or {}).items()
+    ):
+        restarted = next(c for c in after.conditions if c.type == "Restarted")
+        events.append(("Warning", "Restarted", restarted.message))
+    return events
+
+
+def _condition_events(before: RLRunStatus, after: RLRunStatus) -> list[tuple[str, str, str]]:
+    """An Event for each condition that changed; on the first status, only for problems."""
+    old_of = {c.type: c for c in before.conditions}
+    events = []
+    for condition in after.conditions:
+        if condition.type == "Restarted":
+            continue  # an event for every restart (transition_events)
+        old = old_of.get(condition.type)
+        if old is not None and old.status == condition.status:
             continue
-        bad = (condition["type"] == "Degraded" and condition["status"] == "True") or (
-            condition["type"] in ("ConfigValid", "Progressing")
-            and condition["status"] == "False"
-            and condition["reason"] in ("InvalidConfig", "Stalled")
+        bad = (condition.type == "Degraded" and condition.status == "True") or (
+            condition.type in ("ConfigValid", "Progressing")
+            and condition.status == "False"
+            and condition.reason in ("InvalidConfig", "Stalled")
         )
         if old is None and not bad:
             continue  # the first status: only problems are worth an event
         events.append(
             (
                 "Warning" if bad else "Normal",
-                condition["reason"] or condition["type"],
-                f"{condition['type']}={condition['status']}: {condition['message']}".rstrip(": "),
+                condition.reason or condition.type,
+                f"{condition.type}={condition.status}: {condition.message}".rstrip(": "),
             )
         )
-    counts_before = previous.get("restarts") or {}
-    counts = new.get("restarts") or {}
-    if any(count > int(counts_before.get(component) or 0) for component, count in counts.items()):
-        restarted = next(c for c in new["conditions"] if c["type"] == "Restarted")
-        events.append(("Warning", "Restarted", restarted["message"]))
     return events
