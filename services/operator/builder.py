@@ -40,11 +40,15 @@ from rlrun.operator.spec import (
     API_VERSION,
     DEFAULT_REQUESTS,
     KIND,
+    EnvServerSpec,
+    InferenceSpec,
+    OrchestratorSpec,
     Placement,
     PodOverrides,
     Resources,
     RLRunSpec,
     SpecError,
+    TrainerSpec,
 )
 from rlrun.operator.strategic import strategic_merge
 
@@ -58,6 +62,8 @@ AUTH_HASH_ANNOTATION = "rlrun.dev/auth-hash"
 """A digest of the run's token on each pod template: a new operator key rolls every pod at once,
 where pods that read the token at start would otherwise disagree with restarted ones."""
 MANAGED_BY = "rlrun-operator"
+ComponentSpec = InferenceSpec | TrainerSpec | OrchestratorSpec | EnvServerSpec
+"""A part of the spec that describes a component's pods."""
 RUN_AS = 10001
 CACHE_DIR = "/var/cache/rlrun"
 
@@ -191,18 +197,30 @@ class PodInput:
     component: str
     selector: dict[str, str]
     labels: dict[str, str]
-    command: list[str]
     args: list[str]
     image: str
-    resources: Resources
-    placement: Placement | None
-    overrides: PodOverrides
+    section: ComponentSpec | None
+    """The component's part of the spec: its resources, placement and pod overrides (None: an
+    env-server the spec does not name, which has none)."""
+    command: list[str] = field(default_factory=lambda: ["rlrun"])
     gpus: int = 0
     ports: list[dict[str, Any]] = field(default_factory=list)
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     use_claim: bool = False
     """Mount the checkpoint claim at the storage mount path (else a scratch volume)."""
     grace_s: int = 30
+
+    @property
+    def resources(self) -> Resources:
+        return self.section.resources if self.section else Resources()
+
+    @property
+    def placement(self) -> Placement | None:
+        return self.section.placement if self.section else None
+
+    @property
+    def overrides(self) -> PodOverrides:
+        return self.section or PodOverrides()
 
 
 @dataclass
