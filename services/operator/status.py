@@ -119,7 +119,7 @@ def _finite(value: float) -> float | None:
     return round(value, 6) if math.isfinite(value) else None
 
 
-def run_phase(report: RunStatus) -> str:
+def _run_phase(report: RunStatus) -> str:
     return _PHASE_OF.get(report.phase, "Pending")
 
 
@@ -132,7 +132,7 @@ def _phase(previous: RLRunStatus, obs: Observation, finished_before: bool) -> st
         return "Suspended"
     if obs.polled:
         if obs.report is not None:
-            return run_phase(obs.report)
+            return _run_phase(obs.report)
         return "Running" if previous.phase == "Running" else "Pending"
     return str(previous.phase) if previous.phase in ("Pending", "Running") else "Pending"
 
