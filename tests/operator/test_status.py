@@ -9,6 +9,7 @@ import pytest
 from rlrun.common.wire.orchestrator import RunStatus, status_from_proto
 from rlrun.operator.pods import PodState, pod_state
 from rlrun.operator.reconcile import Workload
+from rlrun.operator.spec import RLRunStatus
 from rlrun.operator.status import (
     Observation,
     WorkloadState,
@@ -209,6 +210,18 @@ def test_status_patch_sets_changes_and_removes_cleared_keys():
     previous = {"phase": "Running", "lastError": "boom", "step": 3}
     new = {"phase": "Running", "lastError": None, "step": 4}
     assert status_patch(previous, new) == {"step": 4, "lastError": None}
+
+
+def test_the_status_round_trips_through_the_crds_form_and_every_key_is_written():
+    """build_status writes every key of the CRD's status (None: remove it), and what the API
+    server stores reads back as the same status: the next pass writes nothing."""
+    status = observe(polled=True, report=report(step=4, train_reward=0.5, last_error="late"), pods=[])
+    assert set(status) == set(RLRunStatus.model_json_schema(by_alias=True)["properties"])
+    stored = {k: v for k, v in status.items() if v is not None}
+    assert RLRunStatus.from_crd(stored).to_crd() == status
+    assert status_patch(stored, RLRunStatus.from_crd(stored).to_crd()) == {}
+    # Keys the schema lacks are pruned by the API server; reading a status drops them the same way.
+    assert RLRunStatus.from_crd({**stored, "kopf": {"progress": {}}}).to_crd() == status
 
 
 def test_workload_state_reads_ready_replicas():
