@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from rlrun.common.config import ConfigError
 from rlrun.operator import kueue, objects
 from rlrun.operator.auth import new_key, run_credentials
@@ -38,11 +40,15 @@ from rlrun.operator.spec import (
     API_VERSION,
     DEFAULT_REQUESTS,
     KIND,
+    EnvServerSpec,
+    InferenceSpec,
+    OrchestratorSpec,
     Placement,
     PodOverrides,
     Resources,
     RLRunSpec,
     SpecError,
+    TrainerSpec,
 )
 from rlrun.operator.strategic import strategic_merge
 
@@ -56,6 +62,8 @@ AUTH_HASH_ANNOTATION = "rlrun.dev/auth-hash"
 """A digest of the run's token on each pod template: a new operator key rolls every pod at once,
 where pods that read the token at start would otherwise disagree with restarted ones."""
 MANAGED_BY = "rlrun-operator"
+ComponentSpec = InferenceSpec | TrainerSpec | OrchestratorSpec | EnvServerSpec
+"""A part of the spec that describes a component's pods."""
 RUN_AS = 10001
 CACHE_DIR = "/var/cache/rlrun"
 
@@ -189,18 +197,30 @@ class PodInput:
     component: str
     selector: dict[str, str]
     labels: dict[str, str]
-    command: list[str]
     args: list[str]
     image: str
-    resources: Resources
-    placement: Placement | None
-    overrides: PodOverrides
+    section: ComponentSpec | None
+    """The component's part of the spec: its resources, placement and pod overrides (None: an
+    env-server the spec does not name, which has none)."""
+    command: list[str] = field(default_factory=lambda: ["rlrun"])
     gpus: int = 0
     ports: list[dict[str, Any]] = field(default_factory=list)
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     use_claim: bool = False
     """Mount the checkpoint claim at the storage mount path (else a scratch volume)."""
     grace_s: int = 30
+
+    @property
+    def resources(self) -> Resources:
+        return self.section.resources if self.section else Resources()
+
+    @property
+    def placement(self) -> Placement | None:
+        return self.section.placement if self.section else None
+
+    @property
+    def overrides(self) -> PodOverrides:
+        return self.section or PodOverrides()
 
 
 @dataclass
@@ -226,6 +246,17 @@ class DesiredState:
     @property
     def error_message(self) -> str | None:
         return None if self.error is None else str(self.error)
+
+
+def server_kind(component: str) -> str:
+    """The component whose image and default requests `component` takes: a fixed model
+    server is an inference server."""
+    return INFERENCE if component == MODEL_SERVER else component
+
+
+def dumped(models: Iterable[BaseModel]) -> list[dict[str, Any]]:
+    """Kubernetes fields of the spec's pass-through models (camelCase, unset ones left out)."""
+    return [model.model_dump(by_alias=True, exclude_none=True) for model in models]
 
 
 def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -309,8 +340,7 @@ class RunBuilder:
             ORCHESTRATOR: images.orchestrator,
             TRAINER: images.trainer,
         }[component]
-        key = INFERENCE if component == MODEL_SERVER else component
-        return override or chosen or self.defaults.images[key]
+        return override or chosen or self.defaults.images[server_kind(component)]
 
     def probe(self, kind: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
         # kubelet's gRPC probes speak plaintext only; with TLS on, probe the port instead.
@@ -357,9 +387,7 @@ class RunBuilder:
         node_selector = {**base.node_selector, **own.node_selector}
         if node_selector:
             pod["nodeSelector"] = node_selector
-        tolerations = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in [*base.tolerations, *own.tolerations]
-        ]
+        tolerations = dumped([*base.tolerations, *own.tolerations])
         if gpus:
             tolerations.append({"key": GPU, "operator": "Exists", "effect": "NoSchedule"})
         unique: list[dict[str, Any]] = []
@@ -375,11 +403,9 @@ class RunBuilder:
             pod["affinity"] = affinity
         spread = own.topology_spread or base.topology_spread
         if spread:
-            constraints = []
-            for item in spread:
-                constraint = item.model_dump(by_alias=True, exclude_none=True)
+            constraints = dumped(spread)
+            for constraint in constraints:
                 constraint.setdefault("labelSelector", {"matchLabels": dict(selector)})
-                constraints.append(constraint)
             pod["topologySpreadConstraints"] = constraints
         return pod
 
@@ -406,61 +432,90 @@ class RunBuilder:
         return {"name": "data", "emptyDir": {}}
 
     def pod_template(self, pod: PodInput) -> dict[str, Any]:
-        component, selector, labels = pod.component, pod.selector, pod.labels
-        image, resources, overrides, gpus = pod.image, pod.resources, pod.overrides, pod.gpus
-        spec = self.spec
-        mount_path = spec.storage.mount_path if spec.storage else "/data"
+        """A component's pod template, put together as KubeRay's `common/pod.go` does: volumes
+        and mounts, then the container, then the pod spec and its metadata, and last the
+        user's `podTemplate` patch over the whole."""
+        volumes, mounts, init_containers = self.pod_volumes(pod)
+        containers = [self.container(pod, mounts)]
+        pull_policy = self.spec.images.pull_policy or self.defaults.pull_policy
+        if pull_policy:
+            for each in (*containers, *init_containers):
+                each["imagePullPolicy"] = pull_policy
+        template = {
+            "metadata": self.pod_metadata(pod),
+            "spec": self.pod_spec(pod, containers, init_containers, volumes),
+        }
+        if pod.overrides.pod_template:
+            template = strategic_merge(template, pod.overrides.pod_template)
+        return template
+
+    def pod_volumes(
+        self, pod: PodInput
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """(volumes, the container's mounts, init containers): the run's own volumes, the model
+        (with its download, for a Hub model), then the component's `volumes`/`volumeMounts`."""
+        pairs = self.run_volumes(pod)
+        volumes, mounts = [volume for volume, _ in pairs], [mount for _, mount in pairs]
+        init_containers: list[dict[str, Any]] = []
+        model = self.spec.model
+        if model is not None and model.mounted and pod.component in MODEL_COMPONENTS:
+            volume, mount, init_containers = self.model_volume(pod.image, mounts)
+            volumes.append(volume)
+            mounts.append(mount)
+        volumes += dumped(pod.overrides.volumes)
+        mounts += dumped(pod.overrides.volume_mounts)
+        return volumes, mounts, init_containers
+
+    def run_volumes(self, pod: PodInput) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(volume, mount) of what every pod of the run mounts: the run file, scratch space, the
+        cache, the data volume, shared memory for GPU pods, the TLS files and the credentials."""
+        storage = self.spec.storage
         # The run file is a directory mount (never subPath), so kubelet swaps in a changed
         # ConfigMap in place: a running trainer sees new `inference.addresses` without a
         # restart (see LIVE_CONFIG_KEYS).
-        volumes: list[dict[str, Any]] = [
-            {
-                "name": "config",
-                "configMap": {
-                    "name": self.cluster.child("config"),
-                    "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}],
-                },
+        config = {
+            "name": "config",
+            "configMap": {
+                "name": self.cluster.child("config"),
+                "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}],
             },
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "cache", "emptyDir": {}},
-            self.data_volume(pod.use_claim),
+        }
+        pairs = [
+            (config, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}),
+            ({"name": "tmp", "emptyDir": {}}, {"name": "tmp", "mountPath": "/tmp"}),
+            ({"name": "cache", "emptyDir": {}}, {"name": "cache", "mountPath": CACHE_DIR}),
+            (
+                self.data_volume(pod.use_claim),
+                {"name": "data", "mountPath": storage.mount_path if storage else "/data"},
+            ),
         ]
-        mounts: list[dict[str, Any]] = [
-            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": CACHE_DIR},
-            {"name": "data", "mountPath": mount_path},
-        ]
-        if gpus:
-            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
-            mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        if spec.secrets.tls is not None:
-            volumes.append({"name": "tls", "secret": {"secretName": spec.secrets.tls.secret_name}})
-            mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
-        # The run's credentials: every pod its gRPC token, only the pods that serve the OpenAI
-        # endpoint its API key.
+        if pod.gpus:
+            pairs.append(
+                ({"name": "shm", "emptyDir": {"medium": "Memory"}}, {"name": "shm", "mountPath": "/dev/shm"})
+            )
+        tls = self.spec.secrets.tls
+        if tls is not None:
+            pairs.append(
+                (
+                    {"name": "tls", "secret": {"secretName": tls.secret_name}},
+                    {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+                )
+            )
+        pairs.append(self.auth_volume(pod.component))
+        return pairs
+
+    def auth_volume(self, component: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The run's credentials: every pod its gRPC token, only the pods that serve the OpenAI
+        endpoint its API key."""
         items = [{"key": TOKEN_KEY, "path": TOKEN_KEY}]
-        if component == INFERENCE and spec.inference.http_port is not None:
+        if component == INFERENCE and self.spec.inference.http_port is not None:
             items.append({"key": API_KEY_KEY, "path": API_KEY_KEY})
-        volumes.append(
-            {
-                "name": "auth",
-                "secret": {
-                    "secretName": auth_secret_name(self.cluster),
-                    "items": items,
-                    "defaultMode": 0o440,
-                },
-            }
-        )
-        mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
-        init_containers = []
-        if spec.model is not None and spec.model.mounted and component in MODEL_COMPONENTS:
-            volume, mount, init = self.model_volume(image, mounts)
-            volumes.append(volume)
-            mounts.append(mount)
-            init_containers += init
-        volumes += [volume.model_dump(by_alias=True, exclude_none=True) for volume in overrides.volumes]
-        mounts += [mount.model_dump(by_alias=True, exclude_none=True) for mount in overrides.volume_mounts]
+        secret = {"secretName": auth_secret_name(self.cluster), "items": items, "defaultMode": 0o440}
+        return {"name": "auth", "secret": secret}, {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True}
+
+    def pod_env(self, overrides: PodOverrides) -> list[dict[str, Any]]:
+        """The container's environment: the pod's identity and the writable homes of a
+        read-only root, each replaced by the component's `env` entry of the same name."""
         env = [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -470,12 +525,16 @@ class RunBuilder:
             {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
         ]
-        own_env = [var.model_dump(by_alias=True, exclude_none=True) for var in overrides.env]
-        replaced = {var["name"] for var in own_env}
-        env = [var for var in env if var["name"] not in replaced] + own_env
+        own = dumped(overrides.env)
+        replaced = {var["name"] for var in own}
+        return [var for var in env if var["name"] not in replaced] + own
+
+    def container(self, pod: PodInput, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The component's one container: its command, ports, environment, mounts, resources
+        and probes, locked down (RESTRICTED_CONTAINER)."""
         container: dict[str, Any] = {
-            "name": component,
-            "image": image,
+            "name": pod.component,
+            "image": pod.image,
             "command": pod.command,
             "args": pod.args,
             "ports": [
@@ -483,54 +542,57 @@ class RunBuilder:
                 {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
                 *pod.ports,
             ],
-            "env": env,
+            "env": self.pod_env(pod.overrides),
             "volumeMounts": mounts,
             "securityContext": dict(RESTRICTED_CONTAINER),
         }
-        pull_policy = spec.images.pull_policy or self.defaults.pull_policy
-        if pull_policy:
-            for each in (container, *init_containers):
-                each["imagePullPolicy"] = pull_policy
-        if overrides.env_from:
-            container["envFrom"] = [
-                source.model_dump(by_alias=True, exclude_none=True) for source in overrides.env_from
-            ]
-        defaults = DEFAULT_REQUESTS[
-            TRAINER if component == TRAINER else INFERENCE if component == MODEL_SERVER else component
-        ]
-        container["resources"] = self.resources(resources, gpus, defaults)
+        if pod.overrides.env_from:
+            container["envFrom"] = dumped(pod.overrides.env_from)
+        defaults = DEFAULT_REQUESTS[server_kind(pod.component)]
+        container["resources"] = self.resources(pod.resources, pod.gpus, defaults)
         for kind, probe in pod.probes.items():
             container[f"{kind}Probe"] = probe
+        return container
+
+    def pod_spec(
+        self,
+        pod: PodInput,
+        containers: list[dict[str, Any]],
+        init_containers: list[dict[str, Any]],
+        volumes: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The pod spec around the containers: no API token, no service links, a restricted
+        security context, the run's account, priority and pull secrets, and the placement."""
+        spec = self.spec
         pod_spec: dict[str, Any] = {
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": dict(RESTRICTED_POD),
             "terminationGracePeriodSeconds": pod.grace_s,
             **({"initContainers": init_containers} if init_containers else {}),
-            "containers": [container],
+            "containers": containers,
             "volumes": volumes,
-            **self.placement(pod.placement, selector, gpus),
+            **self.placement(pod.placement, pod.selector, pod.gpus),
         }
-        service_account = overrides.service_account_name or spec.service_account_name
+        service_account = pod.overrides.service_account_name or spec.service_account_name
         if service_account:
             pod_spec["serviceAccountName"] = service_account
         if spec.priority_class_name:
             pod_spec["priorityClassName"] = spec.priority_class_name
         if spec.images.pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
-        config_hash = content_hash(config_part(self.raw_config, component))
+        return pod_spec
+
+    def pod_metadata(self, pod: PodInput) -> dict[str, Any]:
+        """The template's labels (the component's own win over `overrides.labels`) and
+        annotations: the user's, and the hashes of what the pod reads at start (its part of
+        the run file, the run's token), so that a change to either rolls the pods."""
         annotations = {
-            **overrides.annotations,
-            CONFIG_HASH_ANNOTATION: config_hash,
+            **pod.overrides.annotations,
+            CONFIG_HASH_ANNOTATION: content_hash(config_part(self.raw_config, pod.component)),
             AUTH_HASH_ANNOTATION: content_hash(self.credentials.token),
         }
-        template = {
-            "metadata": {"labels": {**overrides.labels, **labels}, "annotations": annotations},
-            "spec": pod_spec,
-        }
-        if overrides.pod_template:
-            template = strategic_merge(template, overrides.pod_template)
-        return template
+        return {"labels": {**pod.overrides.labels, **pod.labels}, "annotations": annotations}
 
     def model_volume(
         self, image: str, mounts: list[dict[str, Any]]

@@ -45,7 +45,6 @@ from rlrun.operator.config import (
     orchestrator_name,
     trainer_name,
 )
-from rlrun.operator.spec import PodOverrides, Resources
 
 
 def _stateful_set(
@@ -122,12 +121,9 @@ def _model_pod(
             component=component,
             selector=selector,
             labels=labels,
-            command=["rlrun"],
             args=args,
             image=b.image(component),
-            resources=spec.resources,
-            placement=spec.placement,
-            overrides=spec,
+            section=spec,
             gpus=spec.gpus_per_replica,
             ports=ports or [],
             probes=b.model_probes(),
@@ -178,12 +174,9 @@ def env_servers(b: RunBuilder, state: DesiredState, with_workloads: bool) -> Non
                 component=ENV_SERVER,
                 selector=selector,
                 labels=labels,
-                command=["rlrun"],
                 args=args,
                 image=b.image(ENV_SERVER, plan.image),
-                resources=server.resources if server else Resources(),
-                placement=server.placement if server else None,
-                overrides=server or PodOverrides(),
+                section=server,
                 probes=b.light_probes(),
             )
         )
@@ -208,12 +201,9 @@ def orchestrator(b: RunBuilder, state: DesiredState, with_workloads: bool) -> No
             component=ORCHESTRATOR,
             selector=selector,
             labels=labels,
-            command=["rlrun"],
             args=b.serve_args("orchestrator"),
             image=b.image(ORCHESTRATOR),
-            resources=b.spec.orchestrator.resources,
-            placement=b.spec.orchestrator.placement,
-            overrides=b.spec.orchestrator,
+            section=b.spec.orchestrator,
             probes=b.light_probes(),
             use_claim=shared,
         )
@@ -298,9 +288,7 @@ def trainer(b: RunBuilder, state: DesiredState, with_workloads: bool) -> None:
             command=command,
             args=args,
             image=b.image(TRAINER),
-            resources=spec.resources,
-            placement=spec.placement,
-            overrides=spec,
+            section=spec,
             gpus=spec.gpus_per_node,
             ports=[{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
             probes=probes,

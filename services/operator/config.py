@@ -117,7 +117,6 @@ class ModelServerPlan:
 @dataclass
 class RenderedConfig:
     toml: str
-    config: RunConfig
     env_servers: list[EnvServerPlan]
     model_servers: list[ModelServerPlan]
     warnings: list[str] = field(default_factory=list)
@@ -208,109 +207,160 @@ def _refuse_hub_id(config: RunConfig, where: str) -> None:
         )
 
 
-def _place_model(spec: RLRunSpec, config: RunConfig, raw: dict[str, Any], where: str) -> None:
+@dataclass
+class _Render:
+    """What the overlays read (the spec, where the run lives, the user's config as validated,
+    the plans made from it) and the run file `raw` they write into."""
+
+    spec: RLRunSpec
+    cluster: Cluster
+    where: str
+    config: RunConfig
+    raw: dict[str, Any]
+    external: dict[str, str]
+    """{env key: address} of the environments an external env-server hosts."""
+    managed: list[EnvServerPlan]
+    model_servers: list[ModelServerPlan]
+
+    def pod_address(self, service: str, pod: str) -> str:
+        return f"{self.cluster.host(service, pod)}:{GRPC_PORT}"
+
+
+def _model_overlay(r: _Render) -> None:
     """The run file's `model.path` is where spec.model puts the weights; a path of the user's
     own that no model source backs is refused (the pods would start with no model)."""
-    _refuse_hub_id(config, where)
-    if spec.model is not None:
-        _table(raw, "model")["path"] = spec.model.path
-    elif config.model.path is not None:
+    _refuse_hub_id(r.config, r.where)
+    if r.spec.model is not None:
+        _table(r.raw, "model")["path"] = r.spec.model.path
+    elif r.config.model.path is not None:
         raise ConfigError(
-            f"{where}.model.path",
-            f"{config.model.path} is backed by no model source: set spec.model (a claim, a "
+            f"{r.where}.model.path",
+            f"{r.config.model.path} is backed by no model source: set spec.model (a claim, a "
             "huggingFace id, or image.path for weights baked into the images); spec.model sets "
             "model.path itself",
         )
 
 
-def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
-    """Validates the user's config and renders the run file for the pods. Raises ConfigError
-    (its path names `spec.config` / `spec.configSpec` and the key at fault)."""
-    where = "spec.config" if spec.config is not None else "spec.configSpec"
+def _output_overlay(r: _Render) -> None:
+    """The run's folder on the checkpoint volume."""
+    mount = r.spec.storage.mount_path if r.spec.storage else "/data"
+    r.raw["output_dir"] = f"{mount.rstrip('/')}/{r.cluster.name}"
+
+
+def _inference_overlay(r: _Render) -> None:
+    """The engine, its GPUs, the OpenAI endpoint and the replicas' per-pod addresses."""
+    inference = _table(r.raw, "inference")
+    if r.spec.inference.engine is not None:
+        inference["engine"] = r.spec.inference.engine
+    _inference_gpus(
+        inference, r.spec.inference.gpus_per_replica, inference.get("engine", r.config.inference.engine)
+    )
+    if r.spec.inference.http_port is not None:
+        _inference_http(inference, r.spec.inference.http_port, tls=r.spec.secrets.tls is not None)
+    service = inference_name(r.cluster)
+    inference["addresses"] = [
+        r.pod_address(service, f"{service}-{i}") for i in range(r.spec.inference.replicas)
+    ]
+
+
+def _inference_gpus(inference: dict[str, Any], gpus: int, engine: str) -> None:
+    """A GPU replica runs the torch engine on CUDA and vLLM over all its GPUs (unless the
+    user's file says otherwise)."""
+    if gpus and engine == "torch" and "device" not in inference:
+        inference["device"] = "cuda"
+    if gpus > 1 and engine == "vllm" and "tensor_parallel_size" not in inference.get("vllm", {}):
+        _table(inference, "vllm")["tensor_parallel_size"] = gpus
+
+
+def _inference_http(inference: dict[str, Any], port: int, *, tls: bool) -> None:
+    inference["http_port"] = port
+    # The run's generated API key; the user's own file would not exist in the pods.
+    inference["api_key_file"] = API_KEY_FILE
+    if tls:
+        inference["http_tls_cert"] = f"{TLS_DIR}/tls.crt"
+        inference["http_tls_key"] = f"{TLS_DIR}/tls.key"
+
+
+def _trainer_overlay(r: _Render) -> None:
+    trainer = _table(r.raw, "trainer")
+    if r.spec.trainer.gpus_per_node and "device" not in trainer:
+        trainer["device"] = "cuda"
+    service = trainer_name(r.cluster)
+    trainer["address"] = r.pod_address(service, f"{service}-0")
+
+
+def _orchestrator_overlay(r: _Render) -> None:
+    """The orchestrator's own address, each env's server (and its pool) and the fixed model
+    targets' servers."""
+    orchestrator = _table(r.raw, "orchestrator")
+    orchestrator["address"] = f"{r.cluster.host(orchestrator_name(r.cluster))}:{GRPC_PORT}"
+    server_of = {env: plan.key for plan in r.managed for env in plan.envs}
+    pools = {s.name: s.pool for s in r.spec.env_servers if s.pool is not None}
+    for env in orchestrator["train"]["env"]:
+        key = env.get("name") or env["id"]
+        if key in r.external:
+            env["address"] = r.external[key]
+        elif key in server_of:
+            server = server_of[key]
+            # dns:/// makes gRPC resolve every pod of the headless Service (not one address),
+            # and round_robin (rlrun.common.grpc_client) spreads the groups over them.
+            env["address"] = f"dns:///{r.cluster.host(env_server_name(r.cluster, server))}:{GRPC_PORT}"
+            if server in pools:
+                env["pool"] = pools[server].model_dump(exclude_none=True)
+    for plan in r.model_servers:
+        name = model_server_name(r.cluster, plan.key)
+        orchestrator["models"][plan.key]["addresses"] = [r.pod_address(name, f"{name}-0")]
+
+
+def _grpc_overlay(r: _Render) -> None:
+    if r.spec.secrets.tls is not None:
+        tls = _table(r.raw, "grpc", "tls")
+        tls.setdefault("cert", f"{TLS_DIR}/tls.crt")
+        tls.setdefault("key", f"{TLS_DIR}/tls.key")
+        tls.setdefault("ca", f"{TLS_DIR}/ca.crt")
+    # Every run carries its generated bearer token (the Secret `<run>-auth`, mounted by every
+    # pod): a server refuses each call without it but health, and each client sends it.
+    _table(r.raw, "grpc")["auth_token_file"] = AUTH_FILE
+
+
+OVERLAYS = (
+    _model_overlay,
+    _output_overlay,
+    _inference_overlay,
+    _trainer_overlay,
+    _orchestrator_overlay,
+    _grpc_overlay,
+)
+"""What only the operator knows, one overlay per section of the run file, in the order the
+file lists them (a table the user did not write is added where its overlay runs)."""
+
+
+def _user_config(spec: RLRunSpec, where: str) -> dict[str, Any]:
     raw = _strip_none(_raw_config(spec))
     if not isinstance(raw, dict):
         raise ConfigError(where, "must be a table")
+    return raw
+
+
+def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
+    """Validates the user's config and renders the run file for the pods. Raises ConfigError
+    (its path names `spec.config` / `spec.configSpec` and the key at fault).
+
+    The user's file is validated as written (its errors name the user's keys) and the rendered
+    one once after all the overlays (what the spec adds, such as an env-server's pool)."""
+    where = "spec.config" if spec.config is not None else "spec.configSpec"
+    raw = _user_config(spec, where)
     config, warnings = _validate(raw, where)
     _check(config, where)
     translate_deprecated(raw)  # canonical spellings from here on (warnings already collected)
-
     external, managed = plan_env_servers(spec, config)
     model_servers = [
         ModelServerPlan(key, target.checkpoint)
         for key, target in config.orchestrator.models.items()
         if target.kind == "inference" and not target.addresses
     ]
-
-    _place_model(spec, config, raw, where)
-
-    mount = spec.storage.mount_path if spec.storage else "/data"
-    raw["output_dir"] = f"{mount.rstrip('/')}/{cluster.name}"
-
-    inference = _table(raw, "inference")
-    if spec.inference.engine is not None:
-        inference["engine"] = spec.inference.engine
-    engine = inference.get("engine", config.inference.engine)
-    gpus = spec.inference.gpus_per_replica
-    if gpus and engine == "torch" and "device" not in inference:
-        inference["device"] = "cuda"
-    if gpus > 1 and engine == "vllm" and "tensor_parallel_size" not in inference.get("vllm", {}):
-        _table(inference, "vllm")["tensor_parallel_size"] = gpus
-    if spec.inference.http_port is not None:
-        inference["http_port"] = spec.inference.http_port
-        # The run's generated API key; the user's own file would not exist in the pods.
-        inference["api_key_file"] = API_KEY_FILE
-        if spec.secrets.tls is not None:
-            inference["http_tls_cert"] = f"{TLS_DIR}/tls.crt"
-            inference["http_tls_key"] = f"{TLS_DIR}/tls.key"
-    service = inference_name(cluster)
-    inference["addresses"] = [
-        f"{cluster.host(service, f'{service}-{i}')}:{GRPC_PORT}" for i in range(spec.inference.replicas)
-    ]
-
-    trainer = _table(raw, "trainer")
-    if spec.trainer.gpus_per_node and "device" not in trainer:
-        trainer["device"] = "cuda"
-    service = trainer_name(cluster)
-    trainer["address"] = f"{cluster.host(service, f'{service}-0')}:{GRPC_PORT}"
-
-    orchestrator = _table(raw, "orchestrator")
-    orchestrator["address"] = f"{cluster.host(orchestrator_name(cluster))}:{GRPC_PORT}"
-    server_of = {env: plan.key for plan in managed for env in plan.envs}
-    pools = {s.name: s.pool for s in spec.env_servers if s.pool is not None}
-    for env in orchestrator["train"]["env"]:
-        key = env.get("name") or env["id"]
-        if key in external:
-            env["address"] = external[key]
-        elif key in server_of:
-            server = server_of[key]
-            # dns:/// makes gRPC resolve every pod of the headless Service (not one address),
-            # and round_robin (rlrun.common.grpc_client) spreads the groups over them.
-            env["address"] = f"dns:///{cluster.host(env_server_name(cluster, server))}:{GRPC_PORT}"
-            if server in pools:
-                pool = pools[server]
-                env["pool"] = {
-                    k: v
-                    for k, v in {
-                        "type": pool.type,
-                        "num_workers": pool.num_workers,
-                        "max_workers": pool.max_workers,
-                        "multiplex": pool.multiplex,
-                    }.items()
-                    if v is not None
-                }
-    for plan in model_servers:
-        name = model_server_name(cluster, plan.key)
-        target = orchestrator["models"][plan.key]
-        target["addresses"] = [f"{cluster.host(name, f'{name}-0')}:{GRPC_PORT}"]
-
-    if spec.secrets.tls is not None:
-        tls = _table(raw, "grpc", "tls")
-        tls.setdefault("cert", f"{TLS_DIR}/tls.crt")
-        tls.setdefault("key", f"{TLS_DIR}/tls.key")
-        tls.setdefault("ca", f"{TLS_DIR}/ca.crt")
-    # Every run carries its generated bearer token (the Secret `<run>-auth`, mounted by every
-    # pod): a server refuses each call without it but health, and each client sends it.
-    _table(raw, "grpc")["auth_token_file"] = AUTH_FILE
-
-    final, _ = _validate(raw, where)
-    return RenderedConfig(tomli_w.dumps(raw), final, managed, model_servers, warnings)
+    render = _Render(spec, cluster, where, config, raw, external, managed, model_servers)
+    for overlay in OVERLAYS:
+        overlay(render)
+    _validate(raw, where)
+    return RenderedConfig(tomli_w.dumps(raw), managed, model_servers, warnings)

@@ -137,20 +137,21 @@ def openapi_schema(model: type) -> dict[str, Any]:
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
 
-def spec_schema() -> dict[str, Any]:
-    schema = openapi_schema(RLRunSpec)
-    env_servers = schema["properties"]["envServers"]
-    env_servers["x-kubernetes-list-type"] = "map"
-    env_servers["x-kubernetes-list-map-keys"] = ["name"]
+def _list_map(schema: dict[str, Any], field: str, key: str) -> dict[str, Any]:
+    """`schema` with its list `field` merged by `key` (one entry per key, as Kubernetes lists of
+    named items are), so that two writers of different entries do not replace each other's."""
+    items = schema["properties"][field]
+    items["x-kubernetes-list-type"] = "map"
+    items["x-kubernetes-list-map-keys"] = [key]
     return schema
+
+
+def spec_schema() -> dict[str, Any]:
+    return _list_map(openapi_schema(RLRunSpec), "envServers", "name")
 
 
 def status_schema() -> dict[str, Any]:
-    schema = openapi_schema(RLRunStatus)
-    conditions = schema["properties"]["conditions"]
-    conditions["x-kubernetes-list-type"] = "map"
-    conditions["x-kubernetes-list-map-keys"] = ["type"]
-    return schema
+    return _list_map(openapi_schema(RLRunStatus), "conditions", "type")
 
 
 def crd() -> dict[str, Any]:

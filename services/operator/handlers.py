@@ -28,6 +28,7 @@ from typing import Any
 
 import kopf
 
+from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.operator import kueue
 from rlrun.operator.auth import run_credentials
 from rlrun.operator.config import Cluster, auth_secret_name
@@ -40,16 +41,13 @@ from rlrun.operator.kube import (
     prune_objects,
 )
 from rlrun.operator.metrics import OperatorMetrics
-from rlrun.operator.reconcile import RUN_LABEL, Defaults, desired_state, pod_group_name
+from rlrun.operator.pods import PodState, pod_state
+from rlrun.operator.reconcile import RUN_LABEL, Defaults, DesiredState, desired_state, pod_group_name
 from rlrun.operator.spec import FINALIZER, GROUP, PLURAL, VERSION
 from rlrun.operator.status import (
-    TERMINAL,
     Observation,
-    OrchestratorReport,
-    PodState,
     build_status,
     is_finished,
-    pod_state,
     status_patch,
     transition_events,
     ttl_expired,
@@ -155,9 +153,7 @@ def _to_dict(value: Any) -> Any:
     return value
 
 
-async def _report(
-    runtime: _Runtime, run: dict[str, Any], spec: Any
-) -> tuple[OrchestratorReport | None, str | None]:
+async def _report(runtime: _Runtime, run: dict[str, Any], spec: Any) -> tuple[RunStatus | None, str | None]:
     options = runtime.options
     meta = run["metadata"]
     address = options.status_address.format(
@@ -246,6 +242,43 @@ def _apply(runtime: _Runtime, run: dict[str, Any], objects: list[dict[str, Any]]
     )
 
 
+async def _apply_state(
+    runtime: _Runtime, run: dict[str, Any], body: Any, state: DesiredState, finished: bool, handler: str
+) -> tuple[dict[Any, Any], list[str]]:
+    """Applies the desired objects, deletes those no longer wanted (a queued run's Kueue
+    Workload too, once its pod group is not wanted) and posts what changed as Events. Returns
+    (the live objects, the objects the API server refused)."""
+    options = runtime.options
+    try:
+        result = await asyncio.to_thread(_apply, runtime, run, state.objects)
+    except KubeError as error:
+        raise kopf.TemporaryError(
+            f"cannot reach the API: {error}", delay=options.status_interval_s
+        ) from error
+    spec = state.spec
+    assert spec is not None  # a state without an error has its spec
+    queued_before = any(c.get("type") == "Admitted" for c in run["status"].get("conditions") or [])
+    gang_wanted = bool(spec.queue_name) and not (spec.suspend or finished)
+    if (spec.queue_name or queued_before) and not gang_wanted:
+        await asyncio.to_thread(_release_gang, runtime, run, result)
+    if result.changed:
+        summary = "; ".join(
+            f"{what} {', '.join(items)}"
+            for what, items in (
+                ("created", result.created),
+                ("updated", result.updated),
+                ("deleted", result.deleted),
+            )
+            if items
+        )
+        kopf.event(body, type="Normal", reason="Reconciled", message=summary[:1000])
+    for failure in result.failed:
+        kopf.event(body, type="Warning", reason="ApplyFailed", message=failure[:1000])
+    if result.failed:
+        options.metrics.error(handler, "apply")
+    return result.live, result.failed
+
+
 async def sync(runtime: _Runtime, body: Any, patch: kopf.Patch, logger: logging.Logger, poll: bool) -> None:
     """One reconcile pass (counted and timed in the operator's metrics); writes the whole
     status through `patch`."""
@@ -269,40 +302,14 @@ async def _sync(
     if poll and state.error is None and not finished and not state.spec.suspend:
         polled = True
         report, poll_error = await _report(runtime, run, state.spec)
-        if report is not None and report.run_phase in TERMINAL:
+        if report is not None and report.finished:
             finished = True
             state = desired_state(run, options.defaults, finished=True, gang_admitted=admitted)
 
     live: dict = {}
     failed: list[str] = []
     if state.error is None:
-        try:
-            result = await asyncio.to_thread(_apply, runtime, run, state.objects)
-        except KubeError as error:
-            raise kopf.TemporaryError(
-                f"cannot reach the API: {error}", delay=options.status_interval_s
-            ) from error
-        queued_before = any(c.get("type") == "Admitted" for c in previous.get("conditions") or [])
-        gang_wanted = bool(state.spec.queue_name) and not (state.spec.suspend or finished)
-        if (state.spec.queue_name or queued_before) and not gang_wanted:
-            await asyncio.to_thread(_release_gang, runtime, run, result)
-        live = result.live
-        if result.changed:
-            summary = "; ".join(
-                f"{what} {', '.join(items)}"
-                for what, items in (
-                    ("created", result.created),
-                    ("updated", result.updated),
-                    ("deleted", result.deleted),
-                )
-                if items
-            )
-            kopf.event(body, type="Normal", reason="Reconciled", message=summary[:1000])
-        failed = result.failed
-        for failure in result.failed:
-            kopf.event(body, type="Warning", reason="ApplyFailed", message=failure[:1000])
-        if result.failed:
-            options.metrics.error(handler, "apply")
+        live, failed = await _apply_state(runtime, run, body, state, finished, handler)
     else:
         logger.warning("invalid RLRun: %s", state.error)
         options.metrics.error(handler, "invalid_spec")
@@ -334,6 +341,26 @@ async def _sync(
         await asyncio.to_thread(
             runtime.kube.delete, run["apiVersion"], run["kind"], meta["namespace"], meta["name"]
         )
+
+
+async def _cleanup(runtime: _Runtime, body: Any, logger: logging.Logger) -> None:
+    """A deleted run: its children, its Secret and its Kueue Workload go; it is forgotten."""
+    options = runtime.options
+    meta = body.get("metadata") or {}
+    with options.metrics.timed("cleanup"):
+        result = await asyncio.to_thread(
+            prune_objects, runtime.kube, meta["name"], meta["namespace"], meta["uid"], []
+        )
+        # The Secret is never listed (the operator may not list Secrets): delete it by name.
+        secret = auth_secret_name(Cluster(meta["name"], meta["namespace"]))
+        if await asyncio.to_thread(runtime.kube.delete, "v1", "Secret", meta["namespace"], secret):
+            result.deleted.append(f"Secret/{secret}")
+        if (body.get("spec") or {}).get("queueName"):
+            await asyncio.to_thread(_release_gang, runtime, _plain(body), result)
+    runtime.forget(meta)
+    options.metrics.forget(meta.get("namespace"), meta.get("name"))
+    if result.deleted:
+        logger.info("deleted %s", ", ".join(result.deleted))
 
 
 def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegistry:
@@ -380,21 +407,7 @@ def build_registry(options: OperatorOptions | None = None) -> kopf.OperatorRegis
 
     @kopf.on.delete(*resource, registry=registry, id="cleanup")
     async def cleanup(body: Any, logger: logging.Logger, **_: Any) -> None:
-        meta = body.get("metadata") or {}
-        with options.metrics.timed("cleanup"):
-            result = await asyncio.to_thread(
-                prune_objects, runtime.kube, meta["name"], meta["namespace"], meta["uid"], []
-            )
-            # The Secret is never listed (the operator may not list Secrets): delete it by name.
-            secret = auth_secret_name(Cluster(meta["name"], meta["namespace"]))
-            if await asyncio.to_thread(runtime.kube.delete, "v1", "Secret", meta["namespace"], secret):
-                result.deleted.append(f"Secret/{secret}")
-            if (body.get("spec") or {}).get("queueName"):
-                await asyncio.to_thread(_release_gang, runtime, _plain(body), result)
-        runtime.forget(meta)
-        options.metrics.forget(meta.get("namespace"), meta.get("name"))
-        if result.deleted:
-            logger.info("deleted %s", ", ".join(result.deleted))
+        await _cleanup(runtime, body, logger)
 
     @kopf.on.probe(registry=registry, id="runs")
     def runs(**_: Any) -> int:

@@ -650,6 +650,20 @@ class RLRunStatus(_Model):
 
     conditions: list[Condition] = []
 
+    @classmethod
+    def from_crd(cls, status: dict[str, Any] | None) -> RLRunStatus:
+        """The status as the API server holds it (camelCase; a None value reads as unset). Keys
+        the schema lacks are left out, as the API server prunes them."""
+        known = {field.alias or name for name, field in cls.model_fields.items()}
+        return cls.model_validate({k: v for k, v in (status or {}).items() if k in known})
+
+    def to_crd(self) -> dict[str, Any]:
+        """The status as the CRD holds it: camelCase, every key present, None meaning "remove
+        the key" (a merge patch's null; see rlrun.operator.status.status_patch)."""
+        out = self.model_dump(by_alias=True, exclude={"conditions"})
+        out["conditions"] = [c.model_dump(by_alias=True, exclude_none=True) for c in self.conditions]
+        return out
+
 
 def parse_spec(spec: Any) -> RLRunSpec:
     """Validates a raw spec dict; raises SpecError naming the camelCase field at fault."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlrun.operator.status import OrchestratorReport
+from rlrun.common.wire.orchestrator import RunStatus, status_from_proto, status_request
 
 
 def _open_channel(address: str, options: Any):
@@ -14,20 +14,19 @@ def _open_channel(address: str, options: Any):
     return open_channel(address, options)
 
 
-async def fetch_status(address: str, timeout_s: float = 3.0, options: Any = None) -> OrchestratorReport:
+async def fetch_status(address: str, timeout_s: float = 3.0, options: Any = None) -> RunStatus:
     """One GetStatus call with a short deadline and no retries. Raises grpc.aio.AioRpcError (or
     OSError for unreadable TLS files) when the orchestrator does not answer."""
     from rlrun.common.grpc_client import ClientOptions
-    from rlrun.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+    from rlrun.v1 import orchestrator_pb2_grpc
 
     options = options or ClientOptions(deadline_s=timeout_s, retries=1)
     channel = _open_channel(address, options)
     try:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
-        response = await stub.GetStatus(orchestrator_pb2.GetRunStatusRequest(), timeout=timeout_s)
+        return status_from_proto(await stub.GetStatus(status_request(), timeout=timeout_s))
     finally:
         await channel.close()
-    return OrchestratorReport.from_proto(response)
 
 
 def client_options(

@@ -6,15 +6,15 @@ import datetime as dt
 
 import pytest
 
+from rlrun.common.wire.orchestrator import RunStatus, status_from_proto
+from rlrun.operator.pods import PodState, pod_state
 from rlrun.operator.reconcile import Workload
+from rlrun.operator.spec import RLRunStatus
 from rlrun.operator.status import (
     Observation,
-    OrchestratorReport,
-    PodState,
     WorkloadState,
     build_status,
     is_finished,
-    pod_state,
     status_patch,
     transition_events,
     ttl_expired,
@@ -31,8 +31,8 @@ READY = [
 ]
 
 
-def report(phase="RUN_PHASE_RUNNING", **fields) -> OrchestratorReport:
-    return OrchestratorReport(phase=phase, **fields)
+def report(phase="RUN_PHASE_RUNNING", **fields) -> RunStatus:
+    return status_from_proto(orchestrator_pb2.GetRunStatusResponse(phase=phase, **fields))
 
 
 def observe(previous=None, now=T0, **kwargs):
@@ -74,7 +74,7 @@ def test_running_status_carries_the_orchestrator_numbers():
         tokens_per_s=99.5,
         groups_dropped_stale=3,
     )
-    status = observe(polled=True, report=OrchestratorReport.from_proto(message))
+    status = observe(polled=True, report=status_from_proto(message))
     assert status["phase"] == "Running"
     assert (status["step"], status["maxSteps"], status["policyVersion"]) == (12, 100, 12)
     assert (status["reward"], status["evalReward"], status["offPolicyLag"]) == (0.75, 0.5, 1)
@@ -210,6 +210,18 @@ def test_status_patch_sets_changes_and_removes_cleared_keys():
     previous = {"phase": "Running", "lastError": "boom", "step": 3}
     new = {"phase": "Running", "lastError": None, "step": 4}
     assert status_patch(previous, new) == {"step": 4, "lastError": None}
+
+
+def test_the_status_round_trips_through_the_crds_form_and_every_key_is_written():
+    """build_status writes every key of the CRD's status (None: remove it), and what the API
+    server stores reads back as the same status: the next pass writes nothing."""
+    status = observe(polled=True, report=report(step=4, train_reward=0.5, last_error="late"), pods=[])
+    assert set(status) == set(RLRunStatus.model_json_schema(by_alias=True)["properties"])
+    stored = {k: v for k, v in status.items() if v is not None}
+    assert RLRunStatus.from_crd(stored).to_crd() == status
+    assert status_patch(stored, RLRunStatus.from_crd(stored).to_crd()) == {}
+    # Keys the schema lacks are pruned by the API server; reading a status drops them the same way.
+    assert RLRunStatus.from_crd({**stored, "kopf": {"progress": {}}}).to_crd() == status
 
 
 def test_workload_state_reads_ready_replicas():

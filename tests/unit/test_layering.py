@@ -95,7 +95,6 @@ WIRE_ROOMS = ("common/wire", "v1")
 generated code."""
 RAW_PROTO_ALLOWED = {
     "bench": "benchmark baselines measure the wire layer and gRPC itself, so they bypass them",
-    "operator": "the operator's status poll, rewritten with the operator (issue 40, item 6)",
 }
 
 
