@@ -39,6 +39,10 @@ def checkpoint_steps(run: Path) -> set[int]:
     return {int(p.name.removeprefix("step_")) for p in (run / "checkpoints").glob("step_*")}
 
 
+def eval_steps(run: Path) -> set[int]:
+    return {int(p.stem.removeprefix("step_")) for p in (run / "eval").glob("step_*.jsonl")}
+
+
 def test_fresh_deletes_the_earlier_run_and_keeps_what_is_not_its_own(tmp_path):
     run = tmp_path / "outputs" / "reverse_text"
     first = rlrun_local(run, 4)
@@ -47,7 +51,7 @@ def test_fresh_deletes_the_earlier_run_and_keeps_what_is_not_its_own(tmp_path):
     old_checkpoints = checkpoint_steps(run)
     assert max(old_checkpoints) > 4  # trainer steps: warm start + 4 RL steps
     old_log = (run / "logs" / "trainer.stderr").read_text()
-    assert list((run / "eval").glob("step_*.jsonl"))
+    assert max(eval_steps(run)) == 4
     sibling = tmp_path / "outputs" / "other_run"
     sibling.mkdir()
     (sibling / "notes.txt").write_text("another run's")
@@ -68,6 +72,7 @@ def test_fresh_deletes_the_earlier_run_and_keeps_what_is_not_its_own(tmp_path):
     assert rl_steps(run) == [1, 2]
     new_checkpoints = checkpoint_steps(run)
     assert max(new_checkpoints) < max(before_fresh)  # the old newest one is gone
+    assert max(eval_steps(run)) == 2  # the eval of step 4 is gone
     assert not (run / "stray.txt").exists()
     assert (run / "logs" / "trainer.stderr").read_text() != old_log
     # Kept: what is outside the run folder.
