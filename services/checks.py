@@ -16,6 +16,7 @@ entry point starts and whether this machine is where they run):
   column its templates name that the file lacks is found here), an algorithm id the run asks
   of it is builtin or its own, and the tokenizer encodes every prompt (and system message) of
   the first `PROMPT_CHECK_TASKS` tasks of each split;
+- inference: `inference.tool_call_parser` names a tool-call parser (or `auto`);
 - inference and trainer: the configured torch devices exist, and the ports the config sets
   (`inference.http_port`, `trainer.broadcast.nccl_port`) are free.
 
@@ -149,6 +150,22 @@ def _algorithm_args(name: str, cls: Any, args: dict[str, Any]) -> None:
         raise ConfigError(
             f"orchestrator.algorithm_args.{name}", describe_validation_error(error, cls.Args)
         ) from None
+
+
+# -- inference --------------------------------------------------------------------------------
+
+
+def _tool_call_parser(name: str, machine: bool) -> None:
+    """`inference.tool_call_parser` is `auto`, a registered parser, or (where the service runs
+    here, so that its import can be tried) an import path of one."""
+    from rlrun.inference.openai.tool_parsers import AUTO, PARSERS
+
+    if name == AUTO or name in PARSERS or (not machine and ":" in name):
+        return
+    try:
+        PARSERS.resolve(name)
+    except ValueError as error:
+        raise ConfigError("inference.tool_call_parser", f"{error} (or `{AUTO}`)") from None
 
 
 # -- files, devices, ports --------------------------------------------------------------------
@@ -373,6 +390,8 @@ def check_run(config: RunConfig, scope: Scope | None = None, *, devices: bool = 
     findings = Findings()
     if "orchestrator" in scope.services:
         _algorithm_checks(config.orchestrator, findings)
+    if "inference" in scope.services:
+        findings.check(_tool_call_parser, config.inference.tool_call_parser, scope.machine)
     if scope.as_written:
         orch = config.orchestrator
         findings.check(check_external_envs, orch.train.env, "orchestrator.train.env")

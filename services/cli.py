@@ -84,14 +84,16 @@ def _add_eval_parser(sub) -> None:
         "eval",
         help="evaluate a checkpoint (or an OpenAI-compatible endpoint) on the run's eval envs",
         description="Roll out the first orchestrator.eval.num_tasks tasks of the eval split of every "
-        "env in the run file against one model, with the eval's sampling (greedy by default; "
+        "eval env of the run file ([[orchestrator.eval.env]], each with its own num_tasks and "
+        "sampling; without any, the training envs) against one model, with the eval's sampling (greedy by default; "
         "pass@k with orchestrator.eval.pass_k), and print a summary table. --checkpoint starts an "
         "inference service on a trainer checkpoint (outputs/<name>/checkpoints/step_N) or a model "
         "folder; --endpoint uses an external OpenAI-compatible API instead (its key from the env "
         "var --api-key-env names). Env-servers are started as `rlrun local` starts them. The output "
         "folder gets results.jsonl (one line per task, written as each finishes), metrics.json and "
         "the services' logs. Ctrl-C stops; the same command again resumes, skipping the tasks "
-        "already in results.jsonl. The last output line is the summary as JSON.",
+        "already done in results.jsonl and running again those that failed there (each task "
+        "counts once). The last output line is the summary as JSON.",
     )
     _add_config_args(ev, positional=True)
     model = ev.add_mutually_exclusive_group(required=True)

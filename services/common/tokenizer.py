@@ -66,6 +66,12 @@ class Tokenizer(Protocol):
     @property
     def stop_token_ids(self) -> list[int]: ...
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's source (every named template of a tokenizer that has several),
+        None without one: what `tool_call_parser = "auto"` reads."""
+        ...
+
 
 def render_chat(
     tokenizer: Tokenizer,
@@ -149,6 +155,10 @@ class CharTokenizer:
     def stop_token_ids(self) -> list[int]:
         return [self.eos_token_id]
 
+    @property
+    def chat_template(self) -> str | None:
+        return None  # its chat rendering is rlrun's own, whose tools prompt teaches Hermes
+
 
 class HFTokenizer:
     """A local checkpoint's tokenizer, rendered one message at a time with its chat template."""
@@ -225,6 +235,13 @@ class HFTokenizer:
     @property
     def stop_token_ids(self) -> list[int]:
         return [self.eos_token_id]
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self._tok.chat_template
+        if isinstance(template, dict):  # named templates ("default", "tool_use", ...)
+            return "\n".join(template.values())
+        return template
 
 
 def _tokenizer_json(path: str | Path) -> Path:

@@ -8,8 +8,10 @@ first `orchestrator.eval.num_tasks` tasks of every env's eval split with the eva
 (greedy by default, pass@k when configured), and writes to the output folder:
 
 - `results.jsonl`: one line per task as soon as it finishes (its rollouts, or why it failed);
-  a rerun with the same folder skips the tasks already there, so an interrupted eval resumes
-  where it stopped;
+  a rerun with the same folder runs the tasks that are missing or failed (a rollout errored, or
+  the group could not be run) and skips the ones done, so an interrupted or partly failed eval
+  resumes where it stopped; a task run again gets a new line, and the newest line of each task
+  is the one that counts (every task once);
 - `metrics.json`: the summary (mean reward, pass@k, per env, win rate for multi-agent envs);
 - `eval_config.json`: what was evaluated (a rerun against another model is refused).
 
@@ -41,7 +43,8 @@ from rlrun.orchestrator.collect.evaluation import eval_tasks, result_rows, summa
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.rollouts import EnvRollouts, GroupFailure, run_group
 from rlrun.orchestrator.run.connections import wait_for_env_server
-from rlrun.orchestrator.run.plan import compile_plan, eval_sampling, member_temperatures, trained_members
+from rlrun.orchestrator.run.context import eval_schedule
+from rlrun.orchestrator.run.plan import compile_plan, eval_entries, member_temperatures, trained_members
 from rlrun.v1 import inference_pb2_grpc
 
 RESULTS = "results.jsonl"
@@ -83,7 +86,7 @@ def identity(request: EvalRequest) -> dict:
     return {
         "config": str(request.config_path),
         "model": str(request.checkpoint.resolve()) if request.checkpoint else request.endpoint,
-        "envs": [env.key for env in orch.train.env],
+        "envs": list(eval_entries(request.config)),
         "num_tasks": orch.eval.num_tasks,
         "pass_k": orch.eval.pass_k,
         "greedy": orch.eval.greedy,
@@ -91,8 +94,9 @@ def identity(request: EvalRequest) -> dict:
 
 
 def read_results(path: Path) -> dict[tuple[str, int], dict]:
-    """The tasks already done: (env, task idx) -> their line. A line cut short by an interrupt
-    (the last one) is dropped and the task runs again."""
+    """The tasks already run: (env, task idx) -> their newest line (a task run again by a resume
+    has a later one). A line cut short by an interrupt (the last one) is dropped and the task
+    runs again."""
     done: dict[tuple[str, int], dict] = {}
     if not path.exists():
         return done
@@ -103,6 +107,12 @@ def read_results(path: Path) -> dict[tuple[str, int], dict]:
             continue
         done[(record["env"], record["task_idx"])] = record
     return done
+
+
+def needs_rerun(record: dict) -> bool:
+    """A task a resume runs again: its group failed (a rollout errored past its retries, or the
+    env-server could not run it), so it has no rollouts to count."""
+    return bool(record.get("failed"))
 
 
 def eval_plans(
@@ -124,14 +134,14 @@ def eval_plans(
         )
         actor = ENDPOINT_KEY
     plans = {
-        env.key: compile_plan(
+        key: compile_plan(
             config,
             actor=actor,
-            sampling=eval_sampling(config, env),
+            sampling=sampling,
             tokenizer=tokenizer,
             text_addresses=text_addresses,
         )
-        for env in orch.train.env
+        for key, (_, sampling) in eval_entries(config).items()
     }
     return config, plans
 
@@ -169,7 +179,7 @@ class EvalServices:
                 address = self._start(f"inference-{key}", "inference", *model_sets)
                 sets += set_option(f"orchestrator.models.{key}.addresses", [address])
         self.sets = [sets[i + 1] for i in range(0, len(sets), 2)]
-        for env in request.config.orchestrator.train.env:
+        for env, _ in eval_entries(request.config).values():
             if env.address:
                 self.env_servers[env.key] = env.address
                 continue
@@ -211,19 +221,20 @@ async def evaluate(
             *(wait_for_env_server(a, options, orch.startup_timeout_s) for a in services.env_servers.values())
         )
         targets, tasks = {}, []
-        for env in orch.train.env:
-            description = await clients[env.key].describe(env.key, env.id)
-            plan = plans[env.key]
-            targets[env.key] = EnvRollouts(
-                env.key,
-                clients[env.key],
+        schedule = eval_schedule(config, plans)
+        for key, (env, _) in eval_entries(config).items():
+            description = await clients[key].describe(key, env.id)
+            plan = plans[key]
+            targets[key] = EnvRollouts(
+                key,
+                clients[key],
                 plan,
                 trained_members(plan, orch.multi_agent.drop_judge),
                 member_temperatures(plan),
             )
-            tasks += eval_tasks({env.key: description.task_counts.get(SPLIT, 0)}, SPLIT, orch.eval.num_tasks)
+            tasks += eval_tasks({key: description.task_counts.get(SPLIT, 0)}, SPLIT, schedule[key].num_tasks)
         done = read_results(results)
-        todo = [t for t in tasks if (t.env, t.idx) not in done]
+        todo = [t for t in tasks if (t.env, t.idx) not in done or needs_rerun(done[(t.env, t.idx)])]
         on_done(len(tasks) - len(todo), len(tasks))
         slots = asyncio.Semaphore(orch.inflight_groups)
 
@@ -282,9 +293,14 @@ def check_identity(request: EvalRequest) -> None:
 def run_eval_command(request: EvalRequest) -> int:
     check_identity(request)
     out = request.output_dir
-    before = len(read_results(out / RESULTS))
+    before = read_results(out / RESULTS)
     if before:
-        print(f"rlrun eval: resuming: {before} tasks already in {out / RESULTS}", file=sys.stderr)
+        failed = sum(needs_rerun(r) for r in before.values())
+        print(
+            f"rlrun eval: resuming: {len(before) - failed} tasks already in {out / RESULTS}; "
+            f"{failed} failed there and run again",
+            file=sys.stderr,
+        )
     started = time.monotonic()
     services = EvalServices(request)
     bar: tqdm | None = None
@@ -302,7 +318,7 @@ def run_eval_command(request: EvalRequest) -> int:
             services.start()
             summary = asyncio.run(evaluate(request, services, on_done))
         except KeyboardInterrupt:
-            done = len(read_results(out / RESULTS))
+            done = sum(not needs_rerun(r) for r in read_results(out / RESULTS).values())
             print(
                 f"\nrlrun eval: interrupted; {done} tasks are in {out / RESULTS}. "
                 "Run the same command again to resume.",

@@ -126,7 +126,14 @@ class InferenceService:
         servicer = InferenceServicer(self.engine, text, self._on_weights_applied, self.not_ready)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if listener is not None:
-            app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready, text)
+            app = build_openai_app(
+                self.engine,
+                tokenizer,
+                self.config.name,
+                self.ready,
+                text,
+                self.config.inference.tool_call_parser,
+            )
             self.http = HttpServer(app, listener, **http_security(self.config.inference))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)

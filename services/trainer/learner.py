@@ -266,7 +266,7 @@ def build_learner(config: RunConfig, parallel: Parallelism) -> Learner:
     model = build_model(config.model, device=parallel.device)
     arch = model.config
     model = wrap_model(model, parallel)
-    optimizer = build_optimizer(model, config.trainer)
+    optimizer = build_optimizer(model, config.trainer, shards=parallel.kind == "fsdp")
     run_steps = config.orchestrator.warm_start.max_steps + config.orchestrator.max_steps
     scheduler = build_scheduler(optimizer, lr_factor(config.trainer.schedule, run_steps))
     return Learner(model, optimizer, scheduler, config.trainer, parallel, arch)

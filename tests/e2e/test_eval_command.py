@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -156,3 +157,89 @@ def test_eval_an_openai_compatible_endpoint(tmp_path):
     assert not (out / "logs" / "inference.log").exists()
     rows = [row for r in lines(out / "results.jsonl") for row in r["rows"]]
     assert {row["member_id"] for row in rows} == {"debater_a", "debater_b", "judge"}
+
+
+FLAKY_ENV = textwrap.dedent(
+    """
+    from pathlib import Path
+
+    from rlrun.env_server.envs.reverse_text import ReverseText
+
+
+    class Flaky(ReverseText):
+        \"\"\"Reverse text whose every third eval task fails while `fail_file` exists.\"\"\"
+
+        def __init__(self, fail_file: str, **kwargs):
+            super().__init__(**kwargs)
+            self.fail_file = Path(fail_file)
+
+        def score(self, task, episode):
+            if task.idx % 3 == 0 and self.fail_file.exists():
+                raise RuntimeError(f"task {task.idx} fails while {self.fail_file} exists")
+            return super().score(task, episode)
+    """
+)
+
+
+def test_resume_reruns_the_failed_tasks_of_the_eval_envs_and_counts_each_once(checkpoint, tmp_path):
+    """The config's [[orchestrator.eval.env]] entries are what `rlrun eval` runs (each with its
+    own num_tasks; the training env is not evaluated). A first eval fails every third task of
+    the flaky env; the same command again runs those tasks only, and each task counts once."""
+    (tmp_path / "flaky_env.py").write_text(FLAKY_ENV)
+    fail_file = tmp_path / "fail"
+    fail_file.write_text("")
+    config = tmp_path / "eval_envs.toml"
+    config.write_text(
+        CONFIG.read_text()
+        + textwrap.dedent(
+            f"""
+            [[orchestrator.eval.env]]
+            id = "flaky_env:Flaky"
+            name = "flaky"
+            args = {{ fail_file = {json.dumps(str(fail_file))}, eval_size = 12 }}
+            num_tasks = 12
+
+            [[orchestrator.eval.env]]
+            id = "reverse-text"
+            name = "rt-eval"
+            num_tasks = 5
+            """
+        )
+    )
+    out = tmp_path / "eval"
+    argv = [sys.executable, "-m", "rlrun.cli", "eval", str(config), "--checkpoint", str(checkpoint)]
+    argv += ["--output-dir", str(out), "--no-progress", "--set", "orchestrator.max_retries=0"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path))
+
+    def run() -> tuple[subprocess.CompletedProcess, dict]:
+        result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result, json.loads(result.stdout.strip().splitlines()[-1])
+
+    first, summary = run()
+    failing = {("flaky", i) for i in range(0, 12, 3)}
+    wanted = {("flaky", i) for i in range(12)} | {("rt-eval", i) for i in range(5)}
+    records = lines(out / "results.jsonl")
+    assert {(r["env"], r["task_idx"]) for r in records} == wanted
+    assert {(r["env"], r["task_idx"]) for r in records if r.get("failed")} == failing
+    assert all("fails while" in r["failed"] for r in records if r.get("failed"))
+    assert summary["failed_groups"] == len(failing)
+    assert summary["tasks"] == len(wanted) - len(failing)
+    assert not (out / "logs" / "env-server-reverse-text.log").exists()  # the training env
+
+    fail_file.unlink()
+    second, summary = run()
+    done = len(wanted) - len(failing)
+    assert f"resuming: {done} tasks already in" in second.stderr
+    assert f"{len(failing)} failed there and run again" in second.stderr
+    records = lines(out / "results.jsonl")
+    keys = [(r["env"], r["task_idx"]) for r in records]
+    # Only the failed tasks ran again (one more line each); the newest line of each counts.
+    assert sorted(keys) == sorted([*wanted, *failing])
+    assert not any(r.get("failed") for r in records[len(wanted) :])
+    assert summary["tasks"] == summary["rollouts"] == len(wanted) and summary["failed_groups"] == 0
+    newest = {(r["env"], r["task_idx"]): r for r in records}
+    rewards = [row["reward"] for r in newest.values() for row in r["rows"]]
+    assert summary["eval_reward"] == pytest.approx(sum(rewards) / len(rewards))
+    assert set(summary) >= {"env/flaky/eval_reward", "env/rt-eval/eval_reward"}
+    assert "env/reverse-text/eval_reward" not in summary

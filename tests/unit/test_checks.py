@@ -275,3 +275,17 @@ def test_local_and_eval_refuse_before_starting_anything(tmp_path, capsys, comman
     assert f"rlrun {command}: invalid config: orchestrator.algorithm_args.gpro: " in err
     assert "did you mean grpo?" in err
     assert not out.exists()
+
+
+def test_an_unknown_tool_call_parser_is_refused_naming_the_key_and_the_nearest(capsys):
+    path = str(REPO / "configs" / "reverse_text.toml")
+    assert (
+        main(["check-config", path, "--no-devices", "--set", 'inference.tool_call_parser="qwen3-coder"']) == 2
+    )
+    err = capsys.readouterr().err
+    assert "invalid config: inference.tool_call_parser: unknown tool-call parser 'qwen3-coder'" in err
+    assert "did you mean qwen3_coder?" in err
+    for name in ("auto", "hermes", "qwen3_coder", "llama3_json", "mistral"):
+        assert (
+            main(["check-config", path, "--no-devices", "--set", f"inference.tool_call_parser={name!r}"]) == 0
+        )

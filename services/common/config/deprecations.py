@@ -83,27 +83,36 @@ def translate_deprecated(raw: dict[str, Any]) -> list[str]:
 
 
 def _refuse_auto(value: Any, key: str) -> None:
+    """`pool.num_workers` never had an "auto" spelling: only the legacy key maps it."""
     if value == "auto":
         raise ConfigError(
             key,
-            '`num_workers = "auto"` is no longer supported; the default pool is elastic '
-            "(it grows with the work, up to pool.max_workers workers of pool.multiplex rollouts "
-            f"each): remove {key}, or give a number of workers",
+            '"auto" is the legacy `num_workers` value, not a pool size; the default pool is '
+            "elastic (it grows with the work, up to pool.max_workers workers of pool.multiplex "
+            f"rollouts each): remove {key}, or give a number of workers",
         )
 
 
 def _translate_num_workers(env: dict[str, Any], where: str, warnings: list[str]) -> None:
-    """The legacy per-env `num_workers`: "auto" is refused; a number becomes a static pool of
-    that many workers; given together with `pool`, the pool wins (as in the seed)."""
+    """The legacy per-env `num_workers`: "auto" becomes the default (elastic) pool; a number
+    becomes a static pool of that many workers; given together with `pool`, the pool wins
+    (as in the seed)."""
     pool = env.get("pool")
     if isinstance(pool, dict):
         _refuse_auto(pool.get("num_workers"), f"{where}.pool.num_workers")
     if "num_workers" not in env:
         return
     value = env.pop("num_workers")
-    _refuse_auto(value, f"{where}.num_workers")
     if "pool" in env:
         warnings.append(f"{where}.num_workers is deprecated and ignored: {where}.pool is given and wins")
+        return
+    if value == "auto":
+        # The seed's "auto" meant "size it for me", which the default elastic pool does: the
+        # entry keeps no pool key, so an external entry (no pool allowed) is not refused.
+        warnings.append(
+            f'{where}.num_workers = "auto" is deprecated; the default {where}.pool (elastic) '
+            "is used: remove the key"
+        )
         return
     env["pool"] = {"type": "static", "num_workers": value}
     warnings.append(

@@ -64,6 +64,13 @@ class InferenceConfig(Section):
     num_threads: int = Field(1, ge=1)
     """torch intra-op threads of the service process. Default: 1."""
 
+    tool_call_parser: str = "auto"
+    """The format chat answers write tool calls in, read out of them into `tool_calls` by the
+    OpenAI-compatible API: `hermes`, `qwen3_coder` (Qwen3-Coder's XML), `llama3_json`,
+    `mistral`, an installed parser (entry point group `rlrun.tool_parsers`), or `auto`: the
+    one the tokenizer's chat template teaches (Hermes for a tokenizer without one, whose tools
+    prompt is rlrun's own). Default: auto."""
+
     http_port: int | None = Field(None, ge=0, le=65535)
     """Port of the OpenAI-compatible HTTP server (0 = OS-assigned). Default: unset (off)."""
 

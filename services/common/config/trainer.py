@@ -89,6 +89,16 @@ class BroadcastConfig(Section):
     """Port of the NCCL rendezvous store (0 = OS-assigned). Default: 0."""
 
 
+class OptimizerConfig(Section):
+    offload: Literal["none", "cpu"] = "none"
+    """Where AdamW's state (two moments per parameter, twice the parameters' own memory) lives:
+    `none` on the trainer's device; `cpu` in host memory, where each step runs (the gradients
+    are copied to the host, the parameters updated there and copied back), so that a trainer
+    holds a larger model at the cost of two transfers of the parameters per step. The step is
+    AdamW's own either way. With FSDP over several ranks it is refused (FSDP2's own offload
+    policy moves the parameters too). Default: none."""
+
+
 class TrainerConfig(Section):
     address: str = ""
     """gRPC host:port of the trainer (rank 0). Filled in by `rlrun local` and the operator.
@@ -117,6 +127,9 @@ class TrainerConfig(Section):
 
     schedule: ScheduleConfig = ScheduleConfig()
     """Learning-rate schedule."""
+
+    optimizer: OptimizerConfig = OptimizerConfig()
+    """Where the optimizer's state lives."""
 
     grad_steps_per_batch: int = Field(1, ge=1)
     """Optimizer steps per submitted batch (each over the whole batch). Default: 1."""

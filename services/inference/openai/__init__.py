@@ -3,8 +3,8 @@
 One module each: `protocol` (the request models, error bodies), `request_params` (a request's
 prompts as the engine's requests with their `GenerationParams`, checked), `prompts` (prompt
 rendering), `text` (a choice's text as its tokens stream, up to its stop sequences),
-`responses` (whole bodies), `streaming` (server-sent chunks), `tool_calls` (Hermes tool calls
-out of a choice's text), `structured_outputs` (`response_format` and forced tool calls as a
+`responses` (whole bodies), `streaming` (server-sent chunks), `tool_calls` (the tool calls
+out of a choice's text, read by a parser of `tool_parsers`, one module per format), `structured_outputs` (`response_format` and forced tool calls as a
 JSON schema), `tito` (vLLM's token-in/token-out API); `serving.OpenAIServing` holds the logic
 of models, completions (with `echo`) and chat, testable without HTTP; `app` holds the routes.
 
@@ -19,7 +19,8 @@ answered, best first (not streamed; `usage` counts the answered ones, as vLLM do
 `echo` with `max_tokens` 0 generates nothing: this is how harnesses score loglikelihoods.
 
 Chat `tools` are offered to the model through its tokenizer (`render_chat`), and the tool
-calls an answer writes (Hermes format) come back as `tool_calls` with `tool_choice` "auto"
+calls an answer writes (in the format of `inference.tool_call_parser`: Hermes, Qwen3-Coder
+XML, Llama 3 JSON or Mistral; `auto` reads the tokenizer's chat template) come back as `tool_calls` with `tool_choice` "auto"
 (the default); "none" leaves them in the text; "required" or a named function constrains the
 answer (`structured_outputs`) and it comes back as `tool_calls` (finish_reason
 "tool_calls"), or as content if `max_tokens` cut it short. One model is served: a `model`

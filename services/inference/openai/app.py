@@ -33,6 +33,7 @@ from rlrun.inference.openai.protocol import (
 from rlrun.inference.openai.request_params import BODY
 from rlrun.inference.openai.serving import Answer, OpenAIServing
 from rlrun.inference.openai.tito import DetokenizeRequest, GenerateRequest, TokenizeRequest, TokensServing
+from rlrun.inference.openai.tool_parsers import AUTO, choose_parser
 from rlrun.inference.text_path import TextPath
 
 
@@ -42,11 +43,14 @@ def build_openai_app(
     model_id: str,
     is_ready: Callable[[], bool],
     text: TextPath | None = None,
+    tool_call_parser: str = AUTO,
 ) -> FastAPI:
     """`text`: the gRPC text path the token-in/token-out routes share (one over `tokenizer`
-    when not given)."""
+    when not given); `tool_call_parser`: the format chat answers write tool calls in
+    (`inference.tool_call_parser`; `auto` reads the tokenizer's chat template)."""
     app = FastAPI(title="rlrun inference", description="OpenAI-compatible API over the live policy.")
-    serving = OpenAIServing(engine, tokenizer, model_id)
+    parser = choose_parser(tool_call_parser, tokenizer.chat_template)
+    serving = OpenAIServing(engine, tokenizer, model_id, parser)
     if text is None:
         info = TokenizerInfo(vocab_size=tokenizer.vocab_size, stop_token_ids=list(tokenizer.stop_token_ids))
         text = TextPath(tokenizer, info)

@@ -285,6 +285,10 @@ class ChatCompletionRequest(SamplingFields):
         tool_choice "required") name theirs."""
         return self.named_tool().function.name if self.tool_mode() == "named" else None
 
+    def offered_tools(self) -> list[dict]:
+        """The tools offered, in OpenAI's shape (a tool-call parser reads their parameters)."""
+        return [tool.model_dump() for tool in self.tools or ()]
+
     def tool_call_limit(self) -> int | None:
         return 1 if self.parallel_tool_calls is False else None
 

@@ -26,6 +26,7 @@ from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionReq
 from rlrun.inference.openai.request_params import stop_strings
 from rlrun.inference.openai.text import visible_text
 from rlrun.inference.openai.tool_calls import forced_tool_calls, split_tool_calls
+from rlrun.inference.openai.tool_parsers import ToolCallParser
 
 ChoiceFinishReason = Literal[FinishReason, "tool_calls"]
 """A choice's `finish_reason` as OpenAI reports it: the engine's, or "tool_calls" for a chat
@@ -182,7 +183,9 @@ def chat_body(
     model_id: str,
     prompt_tokens: int,
     completions: Sequence[Completion],
+    parser: type[ToolCallParser],
 ) -> dict:
+    """`parser`: the format the answers' tool calls are read in."""
     stops = stop_strings(request)
     mode = request.tool_mode()
     choices = []
@@ -197,7 +200,9 @@ def chat_body(
         reason: ChoiceFinishReason = "stop" if stopped else completion.finish_reason
         if mode != "none":
             if mode == "auto":
-                content, calls = split_tool_calls(text, request.tool_call_limit())
+                content, calls = split_tool_calls(
+                    text, parser, request.offered_tools(), request.tool_call_limit()
+                )
             else:
                 content, calls = forced_tool_calls(text, request.forced_name())
             if calls:

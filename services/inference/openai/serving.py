@@ -7,6 +7,7 @@ app (`app`) turns them into OpenAI's error bodies.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from rlrun.inference.openai.streaming import (
     stream_chunks,
 )
 from rlrun.inference.openai.text import TextStream
+from rlrun.inference.openai.tool_parsers import ToolCallParser
 from rlrun.inference.params import GenerationParams
 from rlrun.inference.structured import GrammarCompiler
 
@@ -42,10 +44,14 @@ DEFAULT_COMPLETION_TOKENS = 16
 class OpenAIServing:
     """/v1/models, /v1/completions (with `echo`) and /v1/chat/completions over `engine`."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_id: str):
+    def __init__(
+        self, engine: Engine, tokenizer: Tokenizer, model_id: str, tool_parser: type[ToolCallParser]
+    ):
+        """`tool_parser`: the format the chat answers' tool calls are read in."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_id = model_id
+        self.tool_parser = tool_parser
         self.grammars = GrammarCompiler(lambda: tokenizer)
 
     # -- models --------------------------------------------------------------------------------
@@ -85,7 +91,9 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest) -> Answer:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         requests = self._requests(body, chat_prompts, max_tokens)
-        return await self._generated(body, requests, CHAT_STREAM, chat_body)
+        return await self._generated(
+            body, requests, CHAT_STREAM, functools.partial(chat_body, parser=self.tool_parser)
+        )
 
     def _requests(self, body, build_prompts: PromptBuilder, max_tokens: int | None) -> Requests:
         self.check_model(body.model)
@@ -100,7 +108,15 @@ class OpenAIServing:
             first, rest = await primed_streams(self.engine, requests)
             choices = len(requests) * body.n
             return stream_chunks(
-                form, self.tokenizer, self.model_id, body, choices, prompt_tokens, first, rest
+                form,
+                self.tokenizer,
+                self.model_id,
+                body,
+                choices,
+                prompt_tokens,
+                first,
+                rest,
+                self.tool_parser,
             )
         generate = self._generator(body)
         results = await all_or_nothing([generate(prompt, params) for prompt, params in requests])
@@ -127,6 +143,7 @@ class OpenAIServing:
                 prompt_tokens,
                 first,
                 rest,
+                self.tool_parser,
                 choices,
             )
         generate = self._generator(body)

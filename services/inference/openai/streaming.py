@@ -24,6 +24,7 @@ from rlrun.inference.openai.responses import (
 )
 from rlrun.inference.openai.text import TextStream
 from rlrun.inference.openai.tool_calls import ForcedCalls, StreamedCalls
+from rlrun.inference.openai.tool_parsers import ToolCallParser
 
 
 def _completion_entry(
@@ -108,13 +109,16 @@ COMPLETION_STREAM = StreamFormat("text_completion", "cmpl", _completion_choice, 
 CHAT_STREAM = StreamFormat("chat.completion.chunk", "chatcmpl", _chat_choice, opens_with_role=True)
 
 
-def _call_finders(body: ChatCompletionRequest, choices: int) -> list[StreamedCalls | ForcedCalls] | None:
+def _call_finders(
+    body: ChatCompletionRequest, choices: int, parser: type[ToolCallParser]
+) -> list[StreamedCalls | ForcedCalls] | None:
     """What finds each choice's tool calls in its text as it streams (None: nothing does)."""
     mode = body.tool_mode()
     if mode == "none":
         return None
     if mode == "auto":
-        return [StreamedCalls(body.tool_call_limit()) for _ in range(choices)]
+        tools = body.offered_tools()
+        return [StreamedCalls(parser, tools, body.tool_call_limit()) for _ in range(choices)]
     return [ForcedCalls(body.forced_name()) for _ in range(choices)]
 
 
@@ -132,12 +136,14 @@ async def stream_chunks(  # noqa: C901 - one branch per stream event kind
     prompt_tokens: int,
     first: list[StreamDelta] | None,
     rest: AsyncGenerator[list[StreamDelta], None],
+    parser: type[ToolCallParser],
     echoes: Sequence[Echo] | None = None,
 ) -> AsyncIterator[dict]:
-    """`first`: the first deltas (None: nothing is generated); `echoes`: with `echo`, each
-    choice's prompt, sent as its first chunk."""
+    """`first`: the first deltas (None: nothing is generated); `parser`: the format a chat
+    answer's tool calls are read in; `echoes`: with `echo`, each choice's prompt, sent as its
+    first chunk."""
     texts = [TextStream(tokenizer, stop_strings(body), body.min_tokens) for _ in range(choices)]
-    calls = _call_finders(body, choices) if isinstance(body, ChatCompletionRequest) else None
+    calls = _call_finders(body, choices, parser) if isinstance(body, ChatCompletionRequest) else None
     ended = [False] * choices
     offsets = [0] * choices
     ident, created = new_id(form.id_prefix), now()

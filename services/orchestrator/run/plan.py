@@ -192,10 +192,25 @@ class RunPlans:
     """The live policy, always greedy: the warm start's dev-set check (empty without a warm start)."""
 
 
-def eval_sampling(config: RunConfig, env: EnvConfig) -> SamplingParams:
-    """A training env's eval sampling: the training sampling, the env's, then orchestrator.eval's."""
+def eval_entries(config: RunConfig) -> dict[str, tuple[EnvConfig, SamplingParams]]:
+    """What an eval runs, by env key, with its sampling: the `[[orchestrator.eval.env]]`
+    entries (the training sampling, orchestrator.eval's, then the entry's) when there are any,
+    the training envs' eval split otherwise (the training sampling, the env's, then
+    orchestrator.eval's). Both a run's evals and `rlrun eval` read it."""
     orch = config.orchestrator
-    return sampling_params(orch.train.sampling, env.sampling, orch.eval.sampling, greedy=orch.eval.greedy)
+    greedy = orch.eval.greedy
+    if orch.eval.env:
+        return {
+            env.key: (
+                env,
+                sampling_params(orch.train.sampling, orch.eval.sampling, env.sampling, greedy=greedy),
+            )
+            for env in orch.eval.env
+        }
+    return {
+        env.key: (env, sampling_params(orch.train.sampling, env.sampling, orch.eval.sampling, greedy=greedy))
+        for env in orch.train.env
+    }
 
 
 def compile_plans(
@@ -215,16 +230,11 @@ def compile_plans(
     dev: dict[str, GenerationPlan] = {}
     for env in orch.train.env:
         train[env.key] = plan(orch.actor, _env_sampling(config, env))
-        if not orch.eval.env:
-            evals[env.key] = plan(POLICY, eval_sampling(config, env))
         if orch.warm_start.max_steps > 0:
             warmup[env.key] = plan(orch.warm_start.actor, _env_sampling(config, env))
             dev[env.key] = plan(POLICY, sampling_params(orch.train.sampling, env.sampling, greedy=True))
-    for env in orch.eval.env:
-        evals[env.key] = plan(
-            POLICY,
-            sampling_params(orch.train.sampling, orch.eval.sampling, env.sampling, greedy=orch.eval.greedy),
-        )
+    for key, (_, sampling) in eval_entries(config).items():
+        evals[key] = plan(POLICY, sampling)
     return RunPlans(train=train, eval=evals, warmup=warmup, dev=dev)
 
 

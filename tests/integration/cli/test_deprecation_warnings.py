@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from rlrun.common.config.env import PoolConfig
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -63,3 +66,19 @@ def test_a_served_service_reports_each_deprecated_key_once(tmp_path):
     lines = result.stderr.splitlines()
     assert sum("orchestrator.sampling is deprecated" in line for line in lines) == 1, result.stderr
     assert sum("max_tokens is deprecated" in line for line in lines) == 1, result.stderr
+
+
+def test_legacy_auto_workers_run_the_default_pool_with_one_warning(tmp_path):
+    """`num_workers = "auto"` (the seeds' legacy value): the resolved config holds the default
+    elastic pool, and the real command says so once."""
+    text = (REPO / "configs/reverse_text.toml").read_text()
+    legacy = text.replace('id = "reverse-text"\n', 'id = "reverse-text"\nnum_workers = "auto"\n')
+    assert legacy != text
+    path = tmp_path / "auto.toml"
+    path.write_text(legacy)
+    result = rlrun("check-config", str(path), "--no-devices")
+    assert result.returncode == 0, result.stderr
+    assert sum("deprecated" in line for line in result.stderr.splitlines()) == 1, result.stderr
+    assert 'orchestrator.train.env.0.num_workers = "auto" is deprecated' in result.stderr
+    pool = json.loads(result.stdout)["orchestrator"]["train"]["env"][0]["pool"]
+    assert pool == PoolConfig().model_dump() and pool["type"] == "elastic"

@@ -2,6 +2,7 @@
 models never write a tool call, so the answers come from an engine that writes a scripted
 text (the HTTP layer is the one `rlrun serve inference` runs)."""
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -16,6 +17,9 @@ from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import Engine, StreamDelta
 from rlrun.inference.openai.app import build_openai_app
 
+from ...support.byte_level import byte_level_tokenizer
+from ...support.tool_formats import ANSWERS, CALLS, MISTRAL_V11, chat_template
+from ...support.tool_formats import TOOLS as TYPED_TOOLS
 from .conftest import REPO
 
 TOKENIZER = load_tokenizer(REPO / "configs/tokenizer/char")
@@ -40,9 +44,10 @@ class ScriptedEngine(Engine):
     max_model_len = 4096
     max_samples = 8
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer=TOKENIZER, answer: str = ANSWER) -> None:
         self.prompts: list[list[int]] = []
-        self.answer = TOKENIZER.encode(ANSWER)
+        self.vocab_size = tokenizer.vocab_size
+        self.answer = tokenizer.encode(answer)
 
     @property
     def policy_version(self) -> int:
@@ -78,16 +83,21 @@ def engine() -> ScriptedEngine:
     return ScriptedEngine()
 
 
-@pytest.fixture
-async def client(engine):
-    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
-    transport = httpx.ASGITransport(app=app)
+@contextlib.asynccontextmanager
+async def openai_client(app) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The real `openai` client, talking HTTP to `app` in this process."""
     async with (
-        httpx.AsyncClient(transport=transport, base_url="http://scripted") as http,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://scripted") as http,
         openai.AsyncOpenAI(
             base_url="http://scripted/v1", api_key="unused", http_client=http, max_retries=0
         ) as client,
     ):
+        yield client
+
+
+@pytest.fixture
+async def client(engine):
+    async with openai_client(build_openai_app(engine, TOKENIZER, "scripted", lambda: True)) as client:
         yield client
 
 
@@ -198,12 +208,7 @@ class ConstrainingEngine(ScriptedEngine):
 async def constrained():
     engine = ConstrainingEngine()
     app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
-    async with (
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://scripted") as http,
-        openai.AsyncOpenAI(
-            base_url="http://scripted/v1", api_key="unused", http_client=http, max_retries=0
-        ) as client,
-    ):
+    async with openai_client(app) as client:
         yield client, engine
 
 
@@ -244,3 +249,77 @@ async def test_parsed_calls_keep_the_models_own_json_and_refuse_what_json_cannot
     assert content == f"\n{refused}" and reason == "tool_calls"
     for call in calls:
         strict_json(call["function"]["arguments"])
+
+
+async def chat(client, stream: bool) -> tuple[str | None, list[tuple[str, dict]], str | None]:
+    """A chat's content, calls (name, arguments) and finish reason; streamed deltas joined."""
+    reply = await client.chat.completions.create(
+        model="scripted", messages=MESSAGES, tools=TYPED_TOOLS, stream=stream
+    )
+    if not stream:
+        message = reply.choices[0].message
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+        return message.content, calls, reply.choices[0].finish_reason
+    content, parts, reason = "", {}, None
+    async for chunk in reply:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or ():
+                parts.setdefault(call.index, []).append(call)
+            reason = choice.finish_reason or reason
+    calls = [
+        (pieces[0].function.name, json.loads("".join(p.function.arguments or "" for p in pieces)))
+        for pieces in parts.values()
+    ]
+    return content or None, calls, reason
+
+
+@pytest.fixture
+def template_tokenizer(tmp_path):
+    """A Hugging Face tokenizer (byte-level: it encodes any answer) whose chat template teaches
+    the format named."""
+
+    def make(name: str):
+        folder = tmp_path / name
+        byte_level_tokenizer("<|im_end|>", ["<|im_start|>"], chat_template(name)).save_pretrained(folder)
+        return load_tokenizer(folder)
+
+    return make
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [*((name, text) for name, (text, _) in sorted(ANSWERS.items())), ("mistral", MISTRAL_V11)],
+)
+async def test_auto_reads_the_calls_of_the_format_the_chat_template_teaches(
+    template_tokenizer, name, answer, stream
+):
+    """`tool_call_parser = "auto"` (the default): the tokenizer's chat template decides; the
+    real `openai` client gets the same content and calls whole and streamed."""
+    tokenizer = template_tokenizer(name)
+    engine = ScriptedEngine(tokenizer, answer)
+    app = build_openai_app(engine, tokenizer, "scripted", lambda: True)
+    async with openai_client(app) as client:
+        content, calls, reason = await chat(client, stream)
+    assert calls == CALLS
+    assert reason == "tool_calls"
+    assert content == (None if name == "llama3_json" else "Let me look.")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_named_parser_wins_over_the_template(template_tokenizer, stream):
+    """The template teaches Hermes; `tool_call_parser = "qwen3_coder"` reads Qwen3-Coder's XML
+    (and would leave a Hermes answer as content)."""
+    tokenizer = template_tokenizer("hermes")
+    for parser, answer, expected in [
+        ("qwen3_coder", ANSWERS["qwen3_coder"][0], CALLS),
+        ("qwen3_coder", ANSWERS["hermes"][0], []),
+        ("hermes", ANSWERS["hermes"][0], CALLS),
+    ]:
+        engine = ScriptedEngine(tokenizer, answer)
+        app = build_openai_app(engine, tokenizer, "scripted", lambda: True, tool_call_parser=parser)
+        async with openai_client(app) as client:
+            content, calls, _ = await chat(client, stream)
+        assert calls == expected, parser
+        assert (content == answer) is (not expected)

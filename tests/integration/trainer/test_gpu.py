@@ -3,6 +3,7 @@ cleanly without the GPUs they need (two ranks of one NCCL group cannot share a G
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from pathlib import Path
@@ -44,6 +45,36 @@ def test_the_learner_on_cuda_makes_the_cpu_update(tmp_path):
     reference = on_cpu.full_weights()
     for name, tensor in on_gpu.full_weights().items():
         torch.testing.assert_close(tensor, reference[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+@needs_gpu
+def test_optimizer_offload_frees_the_device_memory_of_adamws_state(tmp_path):
+    """`trainer.optimizer.offload = "cpu"` on CUDA: AdamW's two moments per parameter leave
+    the device (what the device still holds after two steps shrinks by twice the
+    parameters' bytes), and the steps match the on-device fused AdamW's."""
+
+    def after_two_steps(offload: str) -> tuple[int, int, set[str], list[float]]:
+        config = synthetic_config(tmp_path, model="tiny-d128", trainer={"optimizer": {"offload": offload}})
+        learner = build_learner(config, Parallelism.single("cuda"))
+        losses = [learner.train(synthetic_batch(step)).metrics["loss"] for step in range(2)]
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated()
+        params = sum(p.numel() * p.element_size() for p in learner.model.parameters())
+        moments = {
+            state[key].device.type
+            for state in learner.optimizer.state.values()
+            for key in ("exp_avg", "exp_avg_sq")
+        }
+        del learner
+        gc.collect()
+        torch.cuda.empty_cache()
+        return held, params, moments, losses
+
+    on_device, params, where, expected = after_two_steps("none")
+    offloaded, _, where_offloaded, losses = after_two_steps("cpu")
+    assert (where, where_offloaded) == ({"cuda"}, {"cpu"})
+    assert on_device - offloaded >= 1.9 * params, (on_device, offloaded, params)
+    assert losses == pytest.approx(expected, rel=1e-3, abs=1e-5)
 
 
 @needs_two_gpus

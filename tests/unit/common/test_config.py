@@ -9,6 +9,7 @@ import pytest
 
 from rlrun.cli import main as cli_main
 from rlrun.common.config import ConfigError, RunConfig, load_config, load_config_with_warnings, resolve_config
+from rlrun.common.config.env import PoolConfig, check_external_envs
 
 REPO = Path(__file__).resolve().parents[3]
 MINIMAL = {"orchestrator": {"train": {"env": [{"id": "reverse-text"}]}}}
@@ -118,22 +119,58 @@ def test_num_workers_and_pool_together_the_pool_wins_with_a_warning():
 
 
 @pytest.mark.parametrize(
-    ("text", "path"),
+    ("text", "where"),
     [
-        ("[[orchestrator.train.env]]\nid='x'\nnum_workers='auto'", "orchestrator.train.env.0.num_workers"),
+        ("[[orchestrator.train.env]]\nid='x'\nnum_workers='auto'", "orchestrator.train.env.0"),
+        ("[[orchestrator.env]]\nid='x'\nnum_workers='auto'", "orchestrator.train.env.0"),
         (
-            "[[orchestrator.train.env]]\nid='x'\npool={num_workers='auto'}",
-            "orchestrator.train.env.0.pool.num_workers",
+            "[[orchestrator.train.env]]\nid='x'\n[[orchestrator.eval.env]]\nid='y'\nnum_workers='auto'",
+            "orchestrator.eval.env.0",
         ),
-        ("[[orchestrator.env]]\nid='x'\nnum_workers='auto'", "orchestrator.train.env.0.num_workers"),
     ],
 )
-def test_legacy_auto_workers_are_refused_naming_the_key(text, path):
+def test_legacy_auto_workers_become_the_default_elastic_pool_with_one_warning(text, where):
+    config, warnings = resolve_config(tomllib.loads(text))
+    orch = config.orchestrator
+    entry = (orch.eval.env if "eval" in where else orch.train.env)[0]
+    assert entry.pool == PoolConfig()
+    assert (entry.pool.type, entry.pool.num_workers, entry.pool.max_workers) == ("elastic", 1, 4)
+    ours = [w for w in warnings if "num_workers" in w]
+    assert ours == [
+        f'{where}.num_workers = "auto" is deprecated; the default {where}.pool (elastic) is used: remove the key'
+    ]
+
+
+def test_legacy_auto_workers_with_a_pool_the_pool_wins_with_a_warning():
+    text = "[[orchestrator.train.env]]\nid='x'\nnum_workers='auto'\npool={type='static', num_workers=3}"
+    config, warnings = resolve_config(tomllib.loads(text))
+    assert (
+        config.orchestrator.train.env[0].pool.type,
+        config.orchestrator.train.env[0].pool.num_workers,
+    ) == (
+        "static",
+        3,
+    )
+    assert warnings == [
+        "orchestrator.train.env.0.num_workers is deprecated and ignored: orchestrator.train.env.0.pool is given and wins"
+    ]
+
+
+def test_legacy_auto_workers_on_an_external_env_are_not_a_pool():
+    """An external entry may not set `pool`; the legacy "auto" sets none, so it is accepted."""
+    text = "[[orchestrator.train.env]]\nid='x'\naddress='127.0.0.1:1'\nnum_workers='auto'"
+    config, warnings = resolve_config(tomllib.loads(text))
+    check_external_envs(config.orchestrator.train.env, "orchestrator.train.env")
+    assert "pool" not in config.orchestrator.train.env[0].model_fields_set
+    assert len(warnings) == 1
+
+
+def test_auto_as_a_pool_size_is_refused_naming_the_key():
+    text = "[[orchestrator.train.env]]\nid='x'\npool={num_workers='auto'}"
     with pytest.raises(ConfigError) as error:
         resolve_config(tomllib.loads(text))
-    assert error.value.path == path
-    assert 'num_workers = "auto"` is no longer supported' in str(error.value)
-    assert path in str(error.value)
+    assert error.value.path == "orchestrator.train.env.0.pool.num_workers"
+    assert '"auto" is the legacy `num_workers` value, not a pool size' in str(error.value)
 
 
 def test_an_elastic_pool_of_many_workers_raises_the_default_ceiling():

@@ -70,10 +70,3 @@ def test_an_eval_env_needs_a_name_of_its_own():
     text = "[[orchestrator.train.env]]\nid = 'x'\n[[orchestrator.eval.env]]\nid = 'x'\n"
     with pytest.raises((ConfigError, ValueError), match="give an eval entry its own `name`"):
         resolve_config(tomllib.loads(text))
-
-
-def test_legacy_auto_workers_on_an_eval_env_are_refused_naming_the_key():
-    text = "[[orchestrator.train.env]]\nid = 'x'\n[[orchestrator.eval.env]]\nid = 'y'\nnum_workers = 'auto'\n"
-    with pytest.raises(ConfigError) as error:
-        resolve_config(tomllib.loads(text))
-    assert error.value.path == "orchestrator.eval.env.0.num_workers"

@@ -15,7 +15,9 @@ from rlrun.inference.openai.request_params import sampling_params, text_stop_str
 from rlrun.inference.openai.responses import Echo, best_of_each, chat_body, completion_body
 from rlrun.inference.openai.structured_outputs import structured_output
 from rlrun.inference.openai.text import TextStream, visible_text
-from rlrun.inference.openai.tool_calls import ToolCall, ToolCallStream, split_tool_calls
+from rlrun.inference.openai.tool_calls import split_tool_calls
+from rlrun.inference.openai.tool_parsers import ToolCall
+from rlrun.inference.openai.tool_parsers.hermes import HermesParser
 
 from .conftest import REPO
 
@@ -176,7 +178,12 @@ def test_a_body_cuts_each_choice_at_its_stop_sequence(tokenizer):
     body = completion_body(CompletionRequest(prompt="q", stop=". "), tokenizer, "m", 1, [completion])
     assert body["choices"][0]["text"] == "yes" and body["choices"][0]["finish_reason"] == "stop"
     chat = chat_body(
-        ChatCompletionRequest(messages=[{"role": "user"}], stop="zz"), tokenizer, "m", 1, [completion]
+        ChatCompletionRequest(messages=[{"role": "user"}], stop="zz"),
+        tokenizer,
+        "m",
+        1,
+        [completion],
+        HermesParser,
     )
     assert chat["choices"][0]["message"]["content"] == "yes. no"
     assert chat["choices"][0]["finish_reason"] == "length"
@@ -237,6 +244,7 @@ def test_bodies_carry_each_positions_most_likely_tokens(tokenizer):
         "m",
         1,
         [completion],
+        HermesParser,
     )
     [first, second] = chat["choices"][0]["logprobs"]["content"]
     assert first["top_logprobs"] == [
@@ -259,6 +267,7 @@ def test_an_alternative_truncated_away_reports_vllms_lowest_logprob_in_valid_jso
         "m",
         1,
         [completion],
+        HermesParser,
     )
     [entry] = chat["choices"][0]["logprobs"]["content"]
     assert [t["logprob"] for t in entry["top_logprobs"]] == [0.0, -9999.0]
@@ -306,6 +315,7 @@ def test_chat_body_carries_text_logprobs_and_usage(tokenizer):
         "m",
         5,
         [completion],
+        HermesParser,
     )
     [choice] = body["choices"]
     assert choice["message"] == {"role": "assistant", "content": "ok"}
@@ -586,7 +596,7 @@ def completion_of(tokenizer, text: str, reason: str = "stop") -> Completion:
 )
 def test_the_answer_carries_the_tool_calls_it_wrote(tokenizer, tool_fields, text, content, names, reason):
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **tool_fields)
-    body = chat_body(request, tokenizer, "m", 3, [completion_of(tokenizer, text)])
+    body = chat_body(request, tokenizer, "m", 3, [completion_of(tokenizer, text)], HermesParser)
     [choice] = body["choices"]
     assert choice["message"]["content"] == content
     calls = choice["message"].get("tool_calls", [])
@@ -601,8 +611,8 @@ def test_a_streamed_answer_splits_into_the_same_content_and_calls(piece):
     text = (
         "Let me see. <tool_c" + "all>x</tool_call> then\n" + CALL_TEXT + "\n\n" + CALL_TEXT + "\n<tool_call>{"
     )
-    whole_content, whole_calls = split_tool_calls(text)
-    stream = ToolCallStream()
+    whole_content, whole_calls = split_tool_calls(text, HermesParser)
+    stream = HermesParser()
     items = []
     for start in range(0, len(text), piece):
         items += stream.push(text[start : start + piece])

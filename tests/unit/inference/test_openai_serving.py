@@ -9,6 +9,7 @@ from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import CharTokenizer
 from rlrun.inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelNotFound
 from rlrun.inference.openai.serving import OpenAIServing
+from rlrun.inference.openai.tool_parsers.hermes import HermesParser
 from rlrun.inference.params import GenerationParams
 
 from .conftest import REPO
@@ -19,7 +20,7 @@ MESSAGES = [{"role": "user", "content": "abc"}]
 
 @pytest.fixture
 def serving(engine) -> OpenAIServing:
-    return OpenAIServing(engine, TOKENIZER, "tiny")
+    return OpenAIServing(engine, TOKENIZER, "tiny", HermesParser)
 
 
 async def test_a_greedy_completion_is_the_engines_greedy_text(serving, engine):
