@@ -19,6 +19,7 @@ from typing import TextIO
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_server import GrpcServer, ServerOptions, announce_ready
 from rlrun.common.logs import setup_logging
+from rlrun.common.memory import freeze_startup
 from rlrun.common.metrics import start_metrics_server
 
 Cleanup = Callable[[], Awaitable[None]]
@@ -134,6 +135,7 @@ async def _serve(
         port = start_metrics_server(args.metrics_port, args.host)
         log.info("metrics on http://%s:%d/metrics", args.host, port)
     cleanup = await setup(ctx)
+    freeze_startup()
     port = await server.start()
     if ctx.serving_on_start:
         server.set_serving(True)

@@ -104,10 +104,11 @@ class InferenceService:
         await self.engine.start()
         tokenizer, info = load_with_info(self.config.model.tokenizer, self.config.model.path)
         text = TextPath(tokenizer, info)
-        servicer = InferenceServicer(self.engine, text, self._on_weights_applied, self.not_ready)
+        limits = self.config.request_limits()
+        servicer = InferenceServicer(self.engine, text, limits, self._on_weights_applied, self.not_ready)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if self.http_port is not None:
-            app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready, text)
+            app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready, limits, text)
             self.http = HttpServer(app, self.host, self.http_port, **http_security(self.config.inference))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)

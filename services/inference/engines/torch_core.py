@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from rlrun.common.errors import RequestError
+from rlrun.common.memory import release_memory
 from rlrun.common.model import CausalLM, PackedCausal, SlotKVCache
 from rlrun.common.weights.protocol import WeightSource, broadcast_tensors
 from rlrun.common.wire.inference import Completion, FinishReason, ScoreResult, TopLogprobs
@@ -684,10 +685,16 @@ def run(core: TorchEngineCore, channel: CoreChannel) -> None:
 
 def _serve(core: TorchEngineCore, channel: CoreChannel) -> None:
     flushed_at = 0.0
+    worked = False
     while True:
         idle = not core.has_work()
         if idle:
             _flush(core, channel)
+            if worked:
+                release_memory()  # a burst is over: its batches' memory goes back
+            worked = False
+        else:
+            worked = True
         for command in channel.receive(wait=idle):
             if isinstance(command, Stop):
                 core.abort_all()
