@@ -10,7 +10,7 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup k8s-tools cluster prometheus-tools node-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
+.PHONY: setup k8s-tools cluster prometheus-tools node-tools chromium-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
 
 # The Node example env-server's packages (tests/e2e/test_external_env.py runs it through
 # `rlrun local`): `npm ci` again only when its lock file changes.
@@ -21,7 +21,12 @@ EXTERNAL_ENV_NODE_STAMP := $(EXTERNAL_ENV_NODE)/node_modules/.package-lock.json
 NODE_DIR := $(VENV)/node
 NODE_STAMP := $(NODE_DIR)/.setup-stamp
 
-setup: $(STAMP) prometheus-tools node-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BIN)/hadolint k8s-tools
+# The dashboard's browser test (tests/e2e/test_dashboard_browser.py): Debian's Chromium, driven by
+# playwright-core from tests/browser's lock file (it never downloads a browser of its own).
+BROWSER_TEST := tests/browser
+BROWSER_TEST_STAMP := $(BROWSER_TEST)/node_modules/.package-lock.json
+
+setup: $(STAMP) prometheus-tools node-tools chromium-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BROWSER_TEST_STAMP) $(BIN)/hadolint k8s-tools
 
 # The test cluster (tests/support/kubecluster, docs/testing-kubernetes.md): kube-apiserver,
 # kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes, etcd, kwok, Kueue,
@@ -45,6 +50,17 @@ $(BIN)/hadolint: | $(STAMP)
 $(EXTERNAL_ENV_NODE_STAMP): $(EXTERNAL_ENV_NODE)/package-lock.json | node-tools
 	cd $(EXTERNAL_ENV_NODE) && npm ci --no-audit --no-fund --silent
 	touch $@
+
+$(BROWSER_TEST_STAMP): $(BROWSER_TEST)/package-lock.json | node-tools
+	cd $(BROWSER_TEST) && npm ci --no-audit --no-fund --silent
+	touch $@
+
+# Debian's chromium for the dashboard's browser test, installed only when missing, as
+# prometheus-tools does: the test fails without it.
+chromium-tools:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 
 # promtool and prometheus (Debian's `prometheus`) for the chart's rule tests and the real-Prometheus
 # observability tests, installed only when missing (CI runs as root; elsewhere through sudo).

@@ -1,18 +1,20 @@
-"""The `rlrun` command: local, eval, serve <service>, check-config, operator, bench."""
+"""The `rlrun` command: local, eval, dashboard, serve <service>, check-config, operator, bench."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
+from rlrun.checks import Scope, check_run
 from rlrun.common.arguments import non_negative, port
 from rlrun.common.config import ConfigError, load_config_with_warnings
-from rlrun.common.config.env import check_external_envs
 from rlrun.common.hub import resolve_hub_model
+from rlrun.dashboard import cli as dashboard_cli
 
 SERVICES = {
     "inference": "rlrun.inference.cli",
@@ -37,6 +39,10 @@ BENCHMARKS = {
         "env-server and inference memory after 20 rounds of steady load vs after round 2",
     ),
     "stack": ("rlrun.bench.stack", "the rlrun local service stack vs the same RL loop in one process"),
+    "verifiers": (
+        "rlrun.bench.verifiers",
+        "a one-turn verifiers env's env-server and RL step vs the same task as a native env",
+    ),
     "gpu": (
         "rlrun.bench.gpu",
         "served engine, learner, weight sync and rlrun local on one GPU, each vs its baseline",
@@ -140,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         "over; without it a folder with checkpoints is resumed from the newest",
     )
     local.add_argument(
+        "--no-dashboard",
+        action="store_true",
+        help="do not register the run with the dashboard, nor start one (see `rlrun dashboard`)",
+    )
+    local.add_argument(
         "--max-restarts",
         type=non_negative,
         default=5,
@@ -149,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_eval_parser(sub)
+
+    dash = sub.add_parser(
+        "dashboard",
+        help="a local web page with the runs' curves and a trace viewer",
+        description=dashboard_cli.DESCRIPTION,
+    )
+    dashboard_cli.add_arguments(dash)
 
     serve = sub.add_parser(
         "serve",
@@ -245,19 +263,17 @@ def load_run_config(path: Path, overrides: list[str]):
     return config
 
 
+def _invalid(error: ConfigError, command: str) -> int:
+    print(f"{command}: invalid config: {error}", file=sys.stderr)
+    return 2
+
+
 def _check_config(args: argparse.Namespace) -> int:
     try:
         config = load_run_config(args.config, args.overrides)
+        check_run(config, Scope(devices=not args.no_devices))
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
-    from rlrun.checks import check_run
-
-    try:
-        check_run(config, devices=not args.no_devices)
-    except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
+        return _invalid(error, "rlrun check-config")
     print(config.model_dump_json(indent=2))
     return 0
 
@@ -270,9 +286,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"rlrun: the {args.service} service is not available in this installation")
     try:
         config = resolve_hub_model(load_run_config(args.config, args.overrides))
+        check_run(config, Scope.service(args.service, getattr(args, "env_names", None)))
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
+        return _invalid(error, f"rlrun serve {args.service}")
     return _load_module(args.service_module, f"the {args.service} service").main(config, args)
 
 
@@ -284,14 +300,13 @@ def _local(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={json.dumps(str(args.output_dir))}")
     try:
         config = load_run_config(args.config, overrides)
-        check_external_envs(config.orchestrator.train.env)
         # A Hub model is downloaded here, once; the services look up the same commit in the cache.
         config = resolve_hub_model(config)
         if config.model.hub_id is not None:
             overrides.append(f"model.hub_revision={json.dumps(config.model.hub_revision)}")
+        check_run(config)
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
+        return _invalid(error, "rlrun local")
     launcher = _load_module("rlrun.local.launcher", "`rlrun local`")
     return launcher.run_local(
         config,
@@ -300,20 +315,31 @@ def _local(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         fresh=args.fresh,
         max_restarts=args.max_restarts,
+        dashboard=not args.no_dashboard,
     )
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    if not args.stop and importlib.util.find_spec("fastapi") is None:
+        raise SystemExit("rlrun: `rlrun dashboard` needs the serve extra (pip install 'rlrun[serve]')")
+    return dashboard_cli.main(args)
 
 
 def _eval(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.num_tasks is not None:
         overrides.append(f"orchestrator.eval.num_tasks={args.num_tasks}")
+    runner = _load_module("rlrun.eval.runner", "`rlrun eval`")
     try:
         config = load_run_config(args.config, overrides)
-        check_external_envs(config.orchestrator.train.env)
+        served = config
+        if args.checkpoint is not None:  # the inference service it starts serves the checkpoint
+            model = config.model.model_copy(update={"path": runner.model_dir(args.checkpoint)})
+            served = config.model_copy(update={"model": model})
+        started = set(SERVICES) - {"trainer"} - (set() if args.checkpoint else {"inference"})
+        check_run(served, Scope(services=frozenset(started)))
     except ConfigError as error:
-        print(f"rlrun: invalid config: {error}", file=sys.stderr)
-        return 2
-    runner = _load_module("rlrun.eval.runner", "`rlrun eval`")
+        return _invalid(error, "rlrun eval")
     name = args.checkpoint.resolve().name if args.checkpoint else "endpoint"
     request = runner.EvalRequest(
         config=config,
@@ -351,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": _serve,
         "local": _local,
         "eval": _eval,
+        "dashboard": _dashboard,
         "operator": _operator,
         "bench": _bench,
     }

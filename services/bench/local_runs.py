@@ -36,13 +36,14 @@ class LocalRun:
         return self.summary["steps"]
 
 
-def run_local(config: Path, overrides: list[str], label: str) -> LocalRun:
-    """Runs `rlrun local` in a fresh output folder and reads back its summary and metrics."""
+def run_local(config: Path, overrides: list[str], label: str, env: dict[str, str] | None = None) -> LocalRun:
+    """Runs `rlrun local` in a fresh output folder and reads back its summary and metrics;
+    `env` adds to its environment."""
     with tempfile.TemporaryDirectory(prefix=f"rlrun-bench-{label}-") as out:
         argv = [sys.executable, "-m", "rlrun.cli", "local", str(config), "--output-dir", out, "--no-progress"]
         for override in overrides:
             argv += ["--set", override]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         result = subprocess.run(argv, capture_output=True, text=True, env=env)
         if result.returncode != 0:
             raise RuntimeError(

@@ -214,7 +214,9 @@ def train_step_lower_bound(shape: dict, iterations: int) -> float:
     model = build_model(shape["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     samples, length = shape["batch_size"] * shape["group_size"], 12 + shape["completion"]
-    ids = torch.randint(6, 100, (samples * length,))
+    # Token ids the demo model has: its vocabulary is the char tokenizer's, a few dozen ids
+    # (a fixed bound of 100 indexed past it on a fresh clone, where this path runs).
+    ids = torch.randint(0, model.config.vocab_size, (samples * length,))
     positions = torch.arange(length).repeat(samples)
     attend = PackedCausal([length] * samples)
     advantages = torch.randn(samples * length - 1)

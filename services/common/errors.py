@@ -25,10 +25,13 @@ Mapping done by `grpc_errors`:
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -38,7 +41,9 @@ __all__ = [
     "RequestError",
     "abort_invalid",
     "describe_validation_error",
+    "did_you_mean",
     "grpc_errors",
+    "nearest",
     "status_for_exception",
 ]
 
@@ -72,15 +77,70 @@ class RequestError(ValueError):
         return (type(self), (self.field, self.message))
 
 
-def describe_validation_error(error: Exception) -> str:
-    """One-line description of a pydantic ValidationError naming every failing field."""
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to `word` (a misspelling of it), or None when none is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """` (did you mean <prefix><nearest>?)`, or "" when no choice is close to `word`."""
+    match = nearest(word, choices)
+    return f" (did you mean {prefix}{match}?)" if match is not None else ""
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model (or container of one) an annotation holds: `X | None` -> X."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return members[0] if len(members) == 1 else None
+    return annotation
+
+
+def keys_at(model: Any, loc: Sequence[str | int]) -> list[str] | None:
+    """The keys the table at `loc` (a pydantic error location below `model`) may hold, or
+    None when `loc` does not lead to a pydantic model."""
+    annotation = model
+    for part in loc:
+        annotation = _model_in(annotation)
+        origin = typing.get_origin(annotation)
+        if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif origin in (list, tuple, dict) and isinstance(part, int) == (origin is not dict):
+            annotation = typing.get_args(annotation)[-1 if origin is dict else 0]
+        else:
+            return None
+    annotation = _model_in(annotation)
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return list(annotation.model_fields)
+    return None
+
+
+def describe_error_item(item: dict[str, Any], model: Any = None, prefix: str = "") -> tuple[str, str]:
+    """(key path, message) of one pydantic error; an unknown key's message names the nearest
+    valid key of its table when `model` (the validated class) is given."""
+    loc = tuple(item.get("loc", ()))
+    path = prefix + ".".join(str(p) for p in loc)
+    message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+    if item.get("type") == "extra_forbidden" and loc:
+        keys = keys_at(model, loc[:-1]) if model is not None else None
+        message = "unknown key"
+        if keys is not None:
+            table = prefix + "".join(f"{p}." for p in loc[:-1])
+            message += did_you_mean(str(loc[-1]), keys, table) or f" (valid keys: {', '.join(keys)})"
+    return path or "<root>", message
+
+
+def describe_validation_error(error: Exception, model: Any = None) -> str:
+    """One-line description of a pydantic ValidationError naming every failing field (and for
+    an unknown key, with `model` the validated class, the nearest valid one)."""
     errors = getattr(error, "errors", None)
     if not callable(errors):
         return str(error)
-    parts = []
-    for item in errors():
-        loc = ".".join(str(p) for p in item.get("loc", ())) or "<root>"
-        parts.append(f"{loc}: {item.get('msg', 'invalid')}")
+    parts = [": ".join(describe_error_item(item, model)) for item in errors()]
     return "; ".join(parts) or str(error)
 
 

@@ -41,6 +41,8 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rlrun.common.ports import cannot_bind, why_unbindable
+
 if TYPE_CHECKING:
     from rlrun.common.config.grpc import GrpcConfig
 
@@ -399,25 +401,39 @@ class GrpcServer:
             require_client_auth=o.require_client_cert,
         )
 
-    async def start(self) -> int:
-        """Binds (TLS if configured), starts, and returns the bound port. Health stays
-        NOT_SERVING until `set_serving(True)`."""
-        loop = asyncio.get_running_loop()
-        self.health.bind_loop(loop)
-        bind = format_address(self.options.host, self.options.port)
+    def bind(self, source: str = "its port") -> int:
+        """Binds the port (TLS if configured) and returns it; the server accepts calls only
+        once started. `source` names what sets the port, for the CannotBind a taken one
+        raises (a service binds before it starts anything, so that it fails at once)."""
+        if self.port:
+            return self.port
+        host, wanted = self.options.host, self.options.port
+        # Asked first, so that a taken port is said once, here (gRPC would log its own line).
+        taken = why_unbindable(host, wanted) if wanted else None
+        if taken is not None:
+            raise cannot_bind("the gRPC server", host, wanted, source, taken)
+        bind = format_address(host, wanted)
         try:
             if self.options.tls:
                 port = self.server.add_secure_port(bind, self._credentials())
             else:
                 port = self.server.add_insecure_port(bind)
-        except RuntimeError as error:
-            raise RuntimeError(f"cannot bind gRPC server to {bind}: {error}") from error
+        except RuntimeError:
+            port = 0
         if not port:
-            raise RuntimeError(f"cannot bind gRPC server to {bind}")
-        await self.server.start()
-        self._started = True
+            raise cannot_bind("the gRPC server", host, wanted, source)
         self.port = port
         self.address = format_address(self.options.host, port)
+        return port
+
+    async def start(self) -> int:
+        """Binds (unless `bind` did), starts, and returns the bound port. Health stays
+        NOT_SERVING until `set_serving(True)`."""
+        loop = asyncio.get_running_loop()
+        self.health.bind_loop(loop)
+        port = self.bind()
+        await self.server.start()
+        self._started = True
         log.info(
             "gRPC server on %s (tls=%s, mtls=%s, auth=%s) services=%s",
             self.address,

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from rlrun.common.config import RunConfig
+from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.grpc_server import GrpcServer, ServerOptions, announce_ready
 from rlrun.common.logs import setup_logging
 from rlrun.common.memory import freeze_startup
-from rlrun.common.metrics import start_metrics_server
+from rlrun.common.metrics import start_metrics_server, stop_metrics_server
+from rlrun.common.ports import CannotBind, cannot_bind
 
 Cleanup = Callable[[], Awaitable[None]]
 LAUNCHER_PID_ENV = "RLRUN_LAUNCHER_PID"
@@ -119,6 +120,16 @@ def log_dir_for(config: RunConfig, args: argparse.Namespace) -> Path:
     return Path(args.log_dir) if getattr(args, "log_dir", None) else config.run_dir / "logs"
 
 
+def _start_metrics(args: argparse.Namespace) -> int:
+    try:
+        return start_metrics_server(args.metrics_port, args.host)
+    except OSError as error:
+        reason = (error.strerror or str(error)).lower()
+        raise cannot_bind(
+            "the metrics endpoint", args.host, args.metrics_port, "--metrics-port", reason
+        ) from None
+
+
 async def _serve(
     name: str,
     config: RunConfig,
@@ -130,19 +141,24 @@ async def _serve(
     log_dir = log_dir_for(config, args)
     log = setup_logging(name, log_dir / f"{name}.log", config.log_level)
     server = GrpcServer(ServerOptions.from_config(config.grpc, args.host, args.port), service_names)
+    # Every port first: a taken one ends the service at once, before anything is loaded or
+    # started (a replica whose port was taken once loaded its model and then hung).
+    server.bind("--port")
     ctx = ServiceContext(name=name, config=config, args=args, server=server, log=log, log_dir=log_dir)
-    if getattr(args, "metrics_port", None) is not None:
-        port = start_metrics_server(args.metrics_port, args.host)
-        log.info("metrics on http://%s:%d/metrics", args.host, port)
-    cleanup = await setup(ctx)
-    freeze_startup()
-    port = await server.start()
-    if ctx.serving_on_start:
-        server.set_serving(True)
-    server.install_signal_handlers()
-    announce_ready(name, args.host, port, ready_stream)
-    log.info("%s listening on %s:%d", name, args.host, port)
+    metrics_port = None
+    cleanup = None
     try:
+        if getattr(args, "metrics_port", None) is not None:
+            metrics_port = _start_metrics(args)
+            log.info("metrics on http://%s:%d/metrics", args.host, metrics_port)
+        cleanup = await setup(ctx)
+        freeze_startup()
+        port = await server.start()
+        if ctx.serving_on_start:
+            server.set_serving(True)
+        server.install_signal_handlers()
+        announce_ready(name, args.host, port, ready_stream)
+        log.info("%s listening on %s:%d", name, args.host, port)
         await server.wait_for_termination()
     finally:
         for task in ctx.background:
@@ -150,6 +166,9 @@ async def _serve(
         await asyncio.gather(*ctx.background, return_exceptions=True)
         if cleanup is not None:
             await cleanup()
+        await server.stop(0)  # a no-op after a normal shutdown; frees the port after a failed start
+        if metrics_port is not None:
+            stop_metrics_server(metrics_port)
         log.info("%s stopped", name)
     return ctx.exit_code
 
@@ -162,7 +181,13 @@ def serve_main(
     setup: Callable[[ServiceContext], Awaitable[Cleanup | None]],
     num_threads: int = 1,
 ) -> int:
-    """Runs a service until SIGTERM; returns the process exit code."""
+    """Runs a service until SIGTERM; returns the process exit code (1 at once, with one line
+    on stderr that says what to do, when a port is taken or the setup finds the config
+    unusable)."""
     limit_threads(num_threads)
-    with stdout_for_ready_line() as ready_stream:
-        return asyncio.run(_serve(name, config, args, service_names, setup, ready_stream))
+    try:
+        with stdout_for_ready_line() as ready_stream:
+            return asyncio.run(_serve(name, config, args, service_names, setup, ready_stream))
+    except (CannotBind, ConfigError) as error:
+        print(f"rlrun serve {name}: {error}", file=sys.stderr, flush=True)
+        return 1

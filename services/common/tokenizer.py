@@ -42,6 +42,12 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def unknown(self, text: str) -> str:
+        """What of `text` it cannot encode (each character, or for a word-level vocabulary each
+        piece, once, in order): "" when it encodes all of it. `encode` turns such text into its
+        unknown token instead of failing."""
+        ...
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def message_header(self, role: str) -> list[int]:
@@ -117,6 +123,9 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self.token_to_id.get(ch, self._unk_id) for ch in text]
 
+    def unknown(self, text: str) -> str:
+        return "".join(dict.fromkeys(ch for ch in text if ch not in self.token_to_id))
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         out = []
         for i in ids:
@@ -164,6 +173,20 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
+
+    def unknown(self, text: str) -> str:
+        """What it maps to its unknown token; a byte-level tokenizer (GPT-2's, Qwen's) has
+        none and encodes everything."""
+        unk = self._tok.unk_token_id
+        if unk is None:
+            return ""
+        encoded = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        pieces = (
+            text[start:end]
+            for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)
+            if token == unk and text[start:end] != self._tok.unk_token
+        )
+        return " ".join(dict.fromkeys(pieces))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

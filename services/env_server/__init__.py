@@ -17,7 +17,7 @@ a TurnHarness and scores with MemberScores (see rlrun.env_server.sdk.multi_agent
 """
 
 from rlrun.common.wire.inference import Completion
-from rlrun.env_server.sdk.algorithms import BranchResult, EnvAlgorithm, sampled_advantage
+from rlrun.env_server.sdk.algorithms import AlgorithmContext, BranchResult, EnvAlgorithm, sampled_advantage
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import POLICY, Episode, generate_group
@@ -39,6 +39,7 @@ __all__ = [
     "EVAL",
     "POLICY",
     "TRAIN",
+    "AlgorithmContext",
     "BranchResult",
     "Completion",
     "Conversation",

@@ -1,8 +1,5 @@
-"""Serves an ASGI app with uvicorn inside the service's own asyncio loop.
-
-The socket is bound before uvicorn starts, so the port (0 = OS-assigned) is known at once.
-uvicorn's own signal capture is turned off: the gRPC server owns SIGTERM and shuts this
-server down as part of the service's cleanup.
+"""The OpenAI-compatible HTTP server of the inference service: rlrun.common.http_server's,
+inside the service's own asyncio loop (the gRPC server owns SIGTERM), with the API key.
 
 With an API key (`inference.api_key_file`) every request must carry `Authorization: Bearer
 <key>`, as vLLM's `--api-key` asks; /health and /metrics stay open, so that probes and scrapes
@@ -12,16 +9,13 @@ key (`inference.http_tls_cert` / `http_tls_key`) it serves HTTPS.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 import socket
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
+from rlrun.common import http_server
 from rlrun.common.grpc_server import read_token_file
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -83,64 +77,21 @@ def http_security(inference_config: Any) -> dict[str, Any]:
     }
 
 
-class _QuietSignals(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
+class HttpServer(http_server.HttpServer):
+    """The common server, behind ApiKeyMiddleware when an API key is given."""
 
-
-class HttpServer:
     def __init__(
         self,
         app,
-        host: str,
-        port: int,
+        listener: socket.socket,
         *,
         api_key: str | None = None,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
     ):
-        if (tls_cert is None) != (tls_key is None):
-            raise ValueError("tls_cert and tls_key must be given together")
-        if api_key is not None:
-            app = ApiKeyMiddleware(app, api_key)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
-        self.host = host
-        self.port: int = self._socket.getsockname()[1]
-        self.scheme = "https" if tls_cert is not None else "http"
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-            ssl_certfile=str(tls_cert) if tls_cert is not None else None,
-            ssl_keyfile=str(tls_key) if tls_key is not None else None,
+        super().__init__(
+            app if api_key is None else ApiKeyMiddleware(app, api_key),
+            listener,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
-        self._server = _QuietSignals(config)
-        self._task: asyncio.Task | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
-
-    async def start(self) -> None:
-        """Returns once the server accepts connections."""
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()  # raises what made uvicorn exit
-                raise RuntimeError("the HTTP server exited during startup")
-            await asyncio.sleep(0.01)
-
-    async def stop(self) -> None:
-        if self._task is None:
-            self._socket.close()
-            return
-        self._server.should_exit = True
-        await self._task
-        self._task = None
-        self._socket.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 
 import grpc
@@ -15,6 +16,7 @@ import grpc
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, UnavailableBackoff, open_channel
 from rlrun.common.grpc_server import GrpcServer
+from rlrun.common.ports import listen_socket
 from rlrun.common.service import ServiceContext
 from rlrun.common.tokenizer_info import load_with_info
 from rlrun.common.wire.trainer import status_from_proto, status_request
@@ -37,6 +39,7 @@ class InferenceService:
         *,
         host: str = "127.0.0.1",
         http_port: int | None = None,
+        http_port_source: str = "inference.http_port",
         require_version: int | None = None,
         engine: Engine | None = None,
         on_fatal: Callable[[str], None] | None = None,
@@ -45,6 +48,8 @@ class InferenceService:
         self.grpc_server = grpc_server
         self.host = host
         self.http_port = http_port
+        self.http_port_source = http_port_source
+        """What set `http_port` (an option or config key), named when the port is taken."""
         self.require_version = require_version
         self.engine = engine
         self.on_fatal = on_fatal
@@ -97,7 +102,21 @@ class InferenceService:
             self.on_fatal(f"the engine died: {error}")
 
     async def start(self) -> None:
-        """Loads the model and registers the servicer; call before the gRPC server starts."""
+        """Binds the HTTP port (first: a taken one fails before the model loads), loads the
+        model and registers the servicer; call before the gRPC server starts."""
+        listener = None
+        if self.http_port is not None:
+            listener = listen_socket(
+                self.host, self.http_port, "the OpenAI-compatible HTTP API", self.http_port_source
+            )
+        try:
+            await self._load(listener)
+        except BaseException:
+            if listener is not None and self.http is None:
+                listener.close()
+            raise
+
+    async def _load(self, listener: socket.socket | None) -> None:
         if self.engine is None:
             self.engine = create_engine(self.config)
         self.engine.on_dead = self._engine_died
@@ -107,9 +126,9 @@ class InferenceService:
         limits = self.config.request_limits()
         servicer = InferenceServicer(self.engine, text, limits, self._on_weights_applied, self.not_ready)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
-        if self.http_port is not None:
+        if listener is not None:
             app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready, limits, text)
-            self.http = HttpServer(app, self.host, self.http_port, **http_security(self.config.inference))
+            self.http = HttpServer(app, listener, **http_security(self.config.inference))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)
         if not self.ready():
@@ -126,12 +145,13 @@ class InferenceService:
 async def setup(ctx: ServiceContext):
     """`serve_main`'s hook for `rlrun serve inference`."""
     ctx.serving_on_start = False
-    http_port = ctx.args.http_port if ctx.args.http_port is not None else ctx.config.inference.http_port
+    flag = ctx.args.http_port is not None
     service = InferenceService(
         ctx.config,
         ctx.server,
         host=ctx.args.host,
-        http_port=http_port,
+        http_port=ctx.args.http_port if flag else ctx.config.inference.http_port,
+        http_port_source="--http-port" if flag else "inference.http_port",
         require_version=ctx.args.require_version,
         on_fatal=ctx.fail,
     )

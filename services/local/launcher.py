@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shlex
@@ -28,9 +29,12 @@ import grpc
 
 from rlrun.common.config import RunConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel, wait_for_health
+from rlrun.common.run_folder import RESOLVED_CONFIG, append_event
 from rlrun.common.service import serve_command
 from rlrun.common.wire import orchestrator as wire
 from rlrun.common.wire.orchestrator import RunStatus
+from rlrun.dashboard import registry
+from rlrun.dashboard.runs import run_id
 from rlrun.local.processes import (
     Child,
     ChildFailed,
@@ -48,7 +52,7 @@ TRAINER_AUTOGROUP_NICE = -10
 RESTART_BACKOFF_S = 1.0
 """Wait before a service's first restart; it doubles with each further one (at most 30 s)."""
 TARGETS_FILE = "prometheus_targets.json"
-RUN_MARKER = "resolved_config.json"
+RUN_MARKER = RESOLVED_CONFIG
 """Written into every run folder: `--fresh` only deletes a folder that has it."""
 STOP_GRACE_S = 600.0
 """How long Ctrl-C waits for the current step and its checkpoint before stopping at once."""
@@ -241,6 +245,15 @@ class LocalRun:
             f"its log: {child.log_file}",
             file=sys.stderr,
         )
+        rl_steps = [r["step"] for r in read_metrics(self.run_dir) if r.get("phase") == "rl"]
+        append_event(
+            self.run_dir,
+            "restart",
+            service=child.name,
+            exit=describe_exit(child.process.returncode),
+            attempt=attempt,
+            step=max(rl_steps, default=0),
+        )
         time.sleep(delay)
         argv = with_port(child.argv, child.address.rsplit(":", 1)[1])
         if (
@@ -294,6 +307,23 @@ class LocalRun:
         await asyncio.wait_for(self.follow(address, progress), STOP_GRACE_S)
 
 
+def announce_dashboard(run_dir: Path) -> None:
+    """Registers the run with the user's dashboard, started in the background when none
+    answers, and prints its address; a dashboard that cannot start never stops the run."""
+    if importlib.util.find_spec("fastapi") is None:
+        print(
+            "rlrun local: no dashboard (it needs the serve extra: pip install 'rlrun[serve]')",
+            file=sys.stderr,
+        )
+        return
+    try:
+        url = registry.ensure(run_dir)
+    except (registry.DashboardUnavailable, OSError) as error:
+        print(f"rlrun local: no dashboard: {error}", file=sys.stderr)
+        return
+    print(f"rlrun local: dashboard {url}/#run={run_id(run_dir)}", file=sys.stderr)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -343,6 +373,7 @@ def run_local(
     progress: bool = True,
     fresh: bool = False,
     max_restarts: int = 5,
+    dashboard: bool = True,
 ) -> int:
     started = time.monotonic()
     run = LocalRun(config, config_path, overrides, max_restarts)
@@ -357,8 +388,10 @@ def run_local(
     )
     if resuming:
         print(f"rlrun local: {resuming}", file=sys.stderr)
+    if dashboard:
+        announce_dashboard(run.run_dir)
 
-    bar = RunProgress(config, enabled=progress)
+    bar = RunProgress(config, enabled=progress, log=run.log_dir / "orchestrator.log")
     address = ""
     with interrupts_raise():
         try:
@@ -367,6 +400,10 @@ def run_local(
         except ChildFailed as error:
             bar.close()
             print(f"rlrun local: {error}", file=sys.stderr)
+            return 1
+        except TimeoutError as error:  # the orchestrator never became healthy
+            bar.close()
+            print(f"rlrun local: {error}; its log: {run.log_dir / 'orchestrator.log'}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             bar.close()

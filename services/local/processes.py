@@ -4,6 +4,7 @@ limit), and shut everything down so that no process is ever left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
@@ -17,6 +18,13 @@ from pathlib import Path
 from rlrun.common.service import LAUNCHER_PID_ENV
 
 READY = re.compile(r"^rlrun (?P<service>[\w-]+) listening on (?P<host>[^\s:]+|\[[^\]]+\]):(?P<port>\d+)$")
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL to the child's process group (it leads one), then reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 class ChildFailed(RuntimeError):
@@ -75,9 +83,15 @@ class Child:
         return self.log_file.with_suffix(".stderr")
 
     def failure(self, what: str) -> ChildFailed:
+        """Names the child, how it ended and its logs; the reason a service gives for not
+        starting (its last stderr line, `rlrun serve <service>: ...`) stands alone, anything
+        else comes with the last lines of its stderr."""
+        last = tail(self.stderr_file)
+        said = last.splitlines()[-1] if last else ""
+        if said.startswith("rlrun serve "):
+            return ChildFailed(f"{self.name} {what}: {said.split(': ', 1)[1]} (its log: {self.log_file})")
         return ChildFailed(
-            f"{self.name} {what}; its log is {self.log_file} (stderr: {self.stderr_file}). "
-            f"Last lines:\n{tail(self.stderr_file)}"
+            f"{self.name} {what}; its log is {self.log_file} (stderr: {self.stderr_file}). Last lines:\n{last}"
         )
 
 
@@ -150,14 +164,11 @@ class ProcessGroup:
             while time.monotonic() < deadline:
                 if not selector.select(timeout=0.2):
                     if child.process.poll() is not None:
-                        raise child.failure(
-                            f"exited with code {child.process.returncode} before it was ready"
-                        )
+                        raise child.failure(f"{describe_exit(child.process.returncode)} before it was ready")
                     continue
                 line = child.process.stdout.readline()
                 if not line:
-                    child.process.wait(timeout=5)
-                    raise child.failure(f"exited with code {child.process.returncode} before it was ready")
+                    raise child.failure(self._ended_before_ready(child))
                 match = READY.match(line.strip())
                 if match:
                     return f"{match['host']}:{match['port']}"
@@ -165,6 +176,18 @@ class ProcessGroup:
             raise child.failure(f"printed no ready line within {timeout_s:.0f} s")
         finally:
             selector.close()
+
+    @staticmethod
+    def _ended_before_ready(child: Child, grace_s: float = 5.0) -> str:
+        """The child closed its stdout without a ready line: how it ended. One that does not
+        exit within `grace_s` after that is killed (its process group), never waited on forever."""
+        assert child.process is not None
+        try:
+            child.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(child.process)
+            return f"closed its output before it was ready and did not exit within {grace_s:.0f} s; killed it"
+        return f"{describe_exit(child.process.returncode)} before it was ready"
 
     def stop(self, grace_s: float = 10.0) -> None:
         running = [c for c in reversed(self.children) if c.process is not None and c.process.poll() is None]
@@ -176,8 +199,7 @@ class ProcessGroup:
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 print(f"rlrun: {child.name} did not stop within {grace_s:.0f} s; killing it", file=sys.stderr)
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
+                _kill_group(child.process)
         for child in self.children:
             if child.process is not None and child.process.stdout is not None:
                 child.process.stdout.close()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlrun.common.run_folder import METRICS, SUMMARY
 from rlrun.common.wire.orchestrator import RunStatus
 
 SUMMARY_KEYS = ("steps", "eval_reward_start", "eval_reward_end", "wall_s", "tokens_per_s")
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -60,7 +61,7 @@ def write_reward_plot(run_dir: Path) -> Path | None:
 
 def final_summary(run_dir: Path, status: RunStatus, wall_s: float) -> dict:
     """The orchestrator's summary.json plus wall time; falls back to the live status."""
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     summary = json.loads(path.read_text()) if path.exists() else {}
     out = {
         "steps": summary.get("steps", status.step),

@@ -4,9 +4,10 @@ The user's TOML (`spec.config`) or structured config (`spec.configSpec`) is vali
 same pydantic model the services use. The operator then fills in the cluster addresses
 (`inference.addresses`, `trainer.address`, `orchestrator.address`, each env's `address`), the
 output folder on the checkpoint volume, GPU devices, TLS/token file paths and the spec's
-overrides, validates again and renders TOML with `tomli_w`. The algorithm ids and their
-`algorithm_args` are checked as `rlrun check-config` does (rlrun.checks.check_algorithms). Keys the user did not write stay
-unwritten, so the ConfigMap reads like the user's file.
+overrides, validates again and renders TOML with `tomli_w`. Before that it runs the checks
+every entry point runs (rlrun.checks) on what the file alone says: the algorithm ids and their
+`algorithm_args`, external env entries, the built-in env ids and their args. Keys the user did
+not write stay unwritten, so the ConfigMap reads like the user's file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import tomli_w
 
-from rlrun.checks import check_algorithms
+from rlrun.checks import Scope, check_run
 from rlrun.common.config import ConfigError, RunConfig, resolve_config, translate_deprecated
 from rlrun.operator.spec import RLRunSpec
 
@@ -182,14 +183,15 @@ def plan_env_servers(spec: RLRunSpec, config: RunConfig) -> tuple[dict[str, str]
     return external, managed
 
 
-def _check_algorithms(config: RunConfig, where: str) -> None:
-    """The algorithm ids the run uses and their `algorithm_args`, as `rlrun check-config` checks
-    them (rlrun.checks.check_algorithms): a typo in an argument, or a table for an algorithm the
-    run does not use, fails the RLRun at once naming the key, instead of failing the
-    orchestrator pod at start. Ids no builtin algorithm has may be an env's own: the env-server
-    checks those when the run starts."""
+def _check(config: RunConfig, where: str) -> None:
+    """The checks of rlrun.checks that need only the file (Scope.cluster: the pods run elsewhere,
+    with their own images and volumes): a typo in an algorithm's args, a table for an algorithm
+    the run does not use, a misspelt built-in env id or argument fail the RLRun at once naming
+    the key, instead of failing a pod at start. Ids no builtin algorithm has may be an env's
+    own, and an env given as an import path is the env-server image's: the env-server checks
+    those when it starts."""
     try:
-        check_algorithms(config.orchestrator)
+        check_run(config, Scope.cluster())
     except ConfigError as error:
         raise ConfigError(f"{where}: {error.path}", error.message) from None
 
@@ -229,7 +231,7 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
     if not isinstance(raw, dict):
         raise ConfigError(where, "must be a table")
     config, warnings = _validate(raw, where)
-    _check_algorithms(config, where)
+    _check(config, where)
     translate_deprecated(raw)  # canonical spellings from here on (warnings already collected)
 
     external, managed = plan_env_servers(spec, config)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlrun/v1/orchestrator.proto\x12\x08rlrun.v1\"\x15\n\x13GetRunStatusRequest\"\xfc\x02\n\x14GetRunStatusResponse\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.rlrun.v1.RunPhase\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x11\n\tmax_steps\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x14\n\x0ctrain_reward\x18\x05 \x01(\x01\x12\x13\n\x0b\x65val_reward\x18\x06 \x01(\x01\x12\x16\n\x0eoff_policy_lag\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x1c\n\x14groups_dropped_stale\x18\n \x01(\x03\x12<\n\x07metrics\x18\x0b \x03(\x0b\x32+.rlrun.v1.GetRunStatusResponse.MetricsEntry\x12\x0f\n\x07resumes\x18\x0c \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"1\n\x0cStopResponse\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.rlrun.v1.RunPhase*\xb0\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_PHASE_PENDING\x10\x01\x12\x14\n\x10RUN_PHASE_WARMUP\x10\x02\x12\x15\n\x11RUN_PHASE_RUNNING\x10\x03\x12\x17\n\x13RUN_PHASE_SUCCEEDED\x10\x04\x12\x14\n\x10RUN_PHASE_FAILED\x10\x05\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x06\x32\x98\x01\n\x13OrchestratorService\x12J\n\tGetStatus\x12\x1d.rlrun.v1.GetRunStatusRequest\x1a\x1e.rlrun.v1.GetRunStatusResponse\x12\x35\n\x04Stop\x12\x15.rlrun.v1.StopRequest\x1a\x16.rlrun.v1.StopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlrun/v1/orchestrator.proto\x12\x08rlrun.v1\"\x15\n\x13GetRunStatusRequest\"\xd7\x03\n\x14GetRunStatusResponse\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.rlrun.v1.RunPhase\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x11\n\tmax_steps\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x14\n\x0ctrain_reward\x18\x05 \x01(\x01\x12\x13\n\x0b\x65val_reward\x18\x06 \x01(\x01\x12\x16\n\x0eoff_policy_lag\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x1c\n\x14groups_dropped_stale\x18\n \x01(\x03\x12<\n\x07metrics\x18\x0b \x03(\x0b\x32+.rlrun.v1.GetRunStatusResponse.MetricsEntry\x12\x0f\n\x07resumes\x18\x0c \x01(\x03\x12\x11\n\teval_step\x18\r \x01(\x03\x12\x12\n\neval_split\x18\x0e \x01(\t\x12\x15\n\rgroups_failed\x18\x0f \x01(\x03\x12\x1b\n\x13\x66irst_rollout_error\x18\x10 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"1\n\x0cStopResponse\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.rlrun.v1.RunPhase*\xb0\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_PHASE_PENDING\x10\x01\x12\x14\n\x10RUN_PHASE_WARMUP\x10\x02\x12\x15\n\x11RUN_PHASE_RUNNING\x10\x03\x12\x17\n\x13RUN_PHASE_SUCCEEDED\x10\x04\x12\x14\n\x10RUN_PHASE_FAILED\x10\x05\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x06\x32\x98\x01\n\x13OrchestratorService\x12J\n\tGetStatus\x12\x1d.rlrun.v1.GetRunStatusRequest\x1a\x1e.rlrun.v1.GetRunStatusResponse\x12\x35\n\x04Stop\x12\x15.rlrun.v1.StopRequest\x1a\x16.rlrun.v1.StopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETRUNSTATUSRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_GETRUNSTATUSRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNPHASE']._serialized_start=530
-  _globals['_RUNPHASE']._serialized_end=706
+  _globals['_RUNPHASE']._serialized_start=621
+  _globals['_RUNPHASE']._serialized_end=797
   _globals['_GETRUNSTATUSREQUEST']._serialized_start=41
   _globals['_GETRUNSTATUSREQUEST']._serialized_end=62
   _globals['_GETRUNSTATUSRESPONSE']._serialized_start=65
-  _globals['_GETRUNSTATUSRESPONSE']._serialized_end=445
-  _globals['_GETRUNSTATUSRESPONSE_METRICSENTRY']._serialized_start=399
-  _globals['_GETRUNSTATUSRESPONSE_METRICSENTRY']._serialized_end=445
-  _globals['_STOPREQUEST']._serialized_start=447
-  _globals['_STOPREQUEST']._serialized_end=476
-  _globals['_STOPRESPONSE']._serialized_start=478
-  _globals['_STOPRESPONSE']._serialized_end=527
-  _globals['_ORCHESTRATORSERVICE']._serialized_start=709
-  _globals['_ORCHESTRATORSERVICE']._serialized_end=861
+  _globals['_GETRUNSTATUSRESPONSE']._serialized_end=536
+  _globals['_GETRUNSTATUSRESPONSE_METRICSENTRY']._serialized_start=490
+  _globals['_GETRUNSTATUSRESPONSE_METRICSENTRY']._serialized_end=536
+  _globals['_STOPREQUEST']._serialized_start=538
+  _globals['_STOPREQUEST']._serialized_end=567
+  _globals['_STOPRESPONSE']._serialized_start=569
+  _globals['_STOPRESPONSE']._serialized_end=618
+  _globals['_ORCHESTRATORSERVICE']._serialized_start=800
+  _globals['_ORCHESTRATORSERVICE']._serialized_end=952
 # @@protoc_insertion_point(module_scope)

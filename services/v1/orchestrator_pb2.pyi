@@ -29,7 +29,7 @@ class GetRunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRunStatusResponse(_message.Message):
-    __slots__ = ("phase", "step", "max_steps", "policy_version", "train_reward", "eval_reward", "off_policy_lag", "tokens_per_s", "last_error", "groups_dropped_stale", "metrics", "resumes")
+    __slots__ = ("phase", "step", "max_steps", "policy_version", "train_reward", "eval_reward", "off_policy_lag", "tokens_per_s", "last_error", "groups_dropped_stale", "metrics", "resumes", "eval_step", "eval_split", "groups_failed", "first_rollout_error")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,10 @@ class GetRunStatusResponse(_message.Message):
     GROUPS_DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     RESUMES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ROLLOUT_ERROR_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     max_steps: int
@@ -61,7 +65,11 @@ class GetRunStatusResponse(_message.Message):
     groups_dropped_stale: int
     metrics: _containers.ScalarMap[str, float]
     resumes: int
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., max_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., train_reward: _Optional[float] = ..., eval_reward: _Optional[float] = ..., off_policy_lag: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., last_error: _Optional[str] = ..., groups_dropped_stale: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., resumes: _Optional[int] = ...) -> None: ...
+    eval_step: int
+    eval_split: str
+    groups_failed: int
+    first_rollout_error: str
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., max_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., train_reward: _Optional[float] = ..., eval_reward: _Optional[float] = ..., off_policy_lag: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., last_error: _Optional[str] = ..., groups_dropped_stale: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., resumes: _Optional[int] = ..., eval_step: _Optional[int] = ..., eval_split: _Optional[str] = ..., groups_failed: _Optional[int] = ..., first_rollout_error: _Optional[str] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("reason",)

@@ -134,6 +134,7 @@ def test_args_or_pool_on_an_external_env_entry_is_refused_naming_the_key(tmp_pat
             cwd=REPO,
         )
         assert result.returncode == 2
-        assert f"rlrun: invalid config: orchestrator.train.env.0.{key}: env 'reverse-text' is external" in (
-            result.stderr
+        assert (
+            f"rlrun local: invalid config: orchestrator.train.env.0.{key}: env 'reverse-text' is external"
+            in (result.stderr)
         ), result.stderr

@@ -61,8 +61,9 @@ def test_rlrun_local_names_the_field_when_the_hub_model_is_not_cached(tmp_path, 
         'model.hub_id="rlrun-test/absent"',
     )
     assert result.returncode == 2
-    assert "rlrun: invalid config: model.hub_id: 'rlrun-test/absent' is not in the Hugging Face cache" in (
-        result.stderr
+    assert (
+        "rlrun local: invalid config: model.hub_id: 'rlrun-test/absent' is not in the Hugging Face cache"
+        in (result.stderr)
     )
     assert not (tmp_path / "run").exists(), "nothing started"
     assert trap.connections == 0

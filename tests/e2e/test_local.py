@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rlrun.dashboard import registry
+from rlrun.dashboard.runs import run_id
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "reverse_text.toml"
 SUMMARY_KEYS = {"steps", "eval_reward_start", "eval_reward_end", "wall_s", "tokens_per_s"}
@@ -72,6 +75,21 @@ def test_a_child_that_dies_is_named_and_nothing_is_left_behind(tmp_path):
     assert "env-server-no-such-env" in result.stderr
     assert str(tmp_path / "run" / "logs") in result.stderr
     assert not rlrun_children(tmp_path / "run")
+    # The dashboard's address came first (the session's dashboard, started or reused), and
+    # the run is registered with it.
+    server = registry.live_server()
+    assert server is not None
+    assert f"rlrun local: dashboard {server['url']}/#run={run_id(tmp_path / 'run')}" in result.stderr
+    assert (tmp_path / "run").resolve() in registry.registered()
+
+
+def test_no_dashboard_registers_nothing_and_starts_none(tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.HOME_ENV, str(tmp_path / "home"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(DEMO.read_text().replace('id = "reverse-text"', 'id = "no-such-env"'))
+    result = rlrun_local(str(bad), "--output-dir", str(tmp_path / "run"), "--no-dashboard", timeout=300)
+    assert result.returncode == 1 and "rlrun local: dashboard" not in result.stderr
+    assert registry.registered() == [] and registry.live_server() is None
 
 
 @pytest.mark.slow

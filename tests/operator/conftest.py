@@ -49,16 +49,7 @@ def cluster():
     """The running cluster, with the chart installed as a user installs it."""
     cluster = Cluster().start()
     try:
-        cluster.helm(
-            "install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            OPERATOR_NAMESPACE,
-            "--create-namespace",
-            "--wait",
-            "--timeout=120s",
-        )
+        cluster.install_chart(release=RELEASE, namespace=OPERATOR_NAMESPACE)
         yield cluster
     finally:
         cluster.stop()

@@ -31,6 +31,8 @@ from packaging.requirements import Requirement
 
 from rlrun.cli import build_parser
 
+from ..support.dockerfile import exec_form, instructions, stages
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = REPO / "Dockerfiles"
 SERVICES = ("inference", "env-server", "orchestrator", "trainer", "operator")
@@ -65,45 +67,8 @@ BLOCKED_MODULES = ("grpc_tools", "kubernetes_validate")
 OPTIONAL_DISTRIBUTIONS = {"setuptools", "rlrun"}
 
 
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    result: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        full = (pending + line).strip()
-        pending = ""
-        keyword, _, rest = full.partition(" ")
-        result.append((keyword.upper(), rest.strip()))
-    assert not pending, f"{path.name}: dangling line continuation"
-    return result
-
-
-def stages(path: Path) -> list[list[tuple[str, str]]]:
-    out: list[list[tuple[str, str]]] = []
-    for keyword, rest in instructions(path):
-        if keyword == "FROM":
-            out.append([])
-        assert out, f"{path.name}: {keyword} before FROM"
-        out[-1].append((keyword, rest))
-    return out
-
-
 def dockerfile(service: str) -> Path:
     return DOCKERFILES / f"{service}.Dockerfile"
-
-
-def exec_form(rest: str) -> list[str]:
-    value = json.loads(rest)
-    assert isinstance(value, list) and all(isinstance(v, str) for v in value), rest
-    return value
 
 
 def test_one_dockerfile_per_service():

@@ -8,8 +8,9 @@
 #   helm/        the helm CLI (helm.sh/helm/v3)
 #   coredns/     CoreDNS, which resolves Service names for the pods the node agent runs
 # One folder per tool, so that each builds against the Kubernetes libraries it was released with.
-# A binary is rebuilt only when its folder's go.mod/go.sum or this script change (a stamp beside
-# it holds their hash); the Go build and module caches make a rebuild after such a change cheap.
+#   prometheus/  Prometheus with its Kubernetes service discovery (Debian's build has none)
+# A binary is rebuilt only when its folder's go.mod/go.sum or its build flags change (a stamp
+# beside it holds their hash); the Go build and module caches make a rebuild cheap.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,20 +23,20 @@ k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$he
 module_version() {  # module_version DIR MODULE: the version DIR's go.mod requires
 	awk -v m="$2" '($1 == m) {print $2} ($1 == "require" && $2 == m) {print $3}' "$here/$1/go.mod" | head -1
 }
-stamp_of() {
-	cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh" | sha256sum | cut -c1-16
+stamp_of() {  # stamp_of DIR PACKAGE LDFLAGS [TAGS]
+	{ cat "$here/$1/go.mod" "$here/$1/go.sum"; echo "$2 $3${4:+ tags=$4}"; } | sha256sum | cut -c1-16
 }
 
-# build DIR NAME PACKAGE [LDFLAGS]
+# build DIR NAME PACKAGE [LDFLAGS [TAGS]]
 build() {
-	local dir=$1 name=$2 package=$3 ldflags=${4:-}
-	local stamp; stamp=$(stamp_of "$dir")
+	local dir=$1 name=$2 package=$3 ldflags=${4:-} tags=${5:-}
+	local stamp; stamp=$(stamp_of "$dir" "$package" "$ldflags" "$tags")
 	if [ -x "$out/bin/$name" ] && [ "$(cat "$out/bin/.$name.stamp" 2>/dev/null)" = "$stamp" ]; then
 		return
 	fi
 	echo "k8s-tools: building $name ($package)" >&2
 	local start=$SECONDS
-	(cd "$here/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/$name" "$package")
+	(cd "$here/$dir" && go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$out/bin/$name" "$package")
 	echo "$stamp" > "$out/bin/.$name.stamp"
 	echo "k8s-tools: $name built in $((SECONDS - start)) s" >&2
 }
@@ -57,6 +58,8 @@ build kueue kueue sigs.k8s.io/kueue/cmd/kueue "-X sigs.k8s.io/kueue/pkg/version.
 helm_version=$(module_version helm helm.sh/helm/v3)
 build helm helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm_version"
 build coredns coredns github.com/coredns/coredns
+# Only the Kubernetes discovery: the cloud SDKs the others pull in would triple the build.
+build prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus "" "remove_all_sd,enable_kubernetes_sd"
 
 # Kueue's CRDs and webhook configurations, from the same module version as its binary.
 kueue_src=$(cd "$here/kueue" && go mod download -json sigs.k8s.io/kueue | sed -n 's/.*"Dir": "\(.*\)",/\1/p')

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlrun.common.config.base import Section
 from rlrun.common.config.deprecations import ConfigError
@@ -48,6 +50,16 @@ class HarnessConfig(Section):
     """Keyword arguments of the harness (e.g. `max_turns`). Default: {}."""
 
 
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""An env entry's name goes into log and output file names and metric labels."""
+
+
+def file_safe(text: str) -> str:
+    """`text` with every run of characters a file name or label should not hold as one `-`:
+    `letters.env:LetterShift` -> `letters.env-LetterShift`, `vf:reverse` -> `vf-reverse`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "env"
+
+
 class EnvConfig(Section):
     id: str
     """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`,
@@ -55,7 +67,9 @@ class EnvConfig(Section):
     the import path `package.module:Class` of an Environment subclass. Required."""
 
     name: str | None = None
-    """Name of this entry (logs, metrics); defaults to `id`. Must be unique."""
+    """Name of this entry (log and output file names, metric labels): letters, digits, `_`, `.`
+    and `-`. Must be unique. Default: the id with every other character run as `-`
+    (`letters.env:LetterShift` -> `letters.env-LetterShift`)."""
 
     args: dict[str, Any] = {}
     """Keyword arguments of the environment (e.g. `min_len`, `max_len`). Default: {}."""
@@ -81,27 +95,37 @@ class EnvConfig(Section):
     address: str | None = None
     """host:port of an external env-server for this env; then none is started. Default: unset."""
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str | None) -> str | None:
+        if name is not None and not SAFE_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a file-safe name: use letters, digits, `_`, `.` and `-` "
+                f"(e.g. {file_safe(name)!r})"
+            )
+        return name
+
     @property
     def key(self) -> str:
-        return self.name or self.id
+        return self.name or file_safe(self.id)
 
 
 STARTED_SERVER_KEYS = ("args", "harness", "pool")
 """Keys of an env entry that configure the env-server rlrun starts for it."""
 
 
-def check_external_envs(entries: list[EnvConfig]) -> None:
+def check_external_envs(entries: Sequence[EnvConfig], where: str) -> None:
     """An external entry (one with `address`, as the user's run file gives it) has no
-    env-server that rlrun starts, so nothing could honour its `args` or `pool`: a ConfigError
-    names the key. Checked where the user's file is read (`rlrun local`), not in the services,
-    whose entries for started env-servers get an address from the launcher."""
+    env-server that rlrun starts, so nothing could honour its `args`, `harness` or `pool`: a
+    ConfigError names the key. Checked where the user's file is read (rlrun.checks), not in
+    the services, whose entries for started env-servers get an address from the launcher."""
     for i, entry in enumerate(entries):
         if not entry.address:
             continue
         for key in STARTED_SERVER_KEYS:
             if key in entry.model_fields_set:
                 raise ConfigError(
-                    f"orchestrator.train.env.{i}.{key}",
+                    f"{where}.{i}.{key}",
                     f"env {entry.key!r} is external (address = {entry.address!r}): rlrun starts no "
                     f"env-server for it, so nothing would honour its `{key}`; configure the "
                     f"env-server at {entry.address} itself and remove `{key}`",

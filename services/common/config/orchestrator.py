@@ -199,6 +199,23 @@ class GroupFailuresConfig(Section):
     fail stops the run). 1.0 stops only on `window` failures in a row. Default: 0.5."""
 
 
+class TracesConfig(Section):
+    """The trace files of `rlrun dashboard`'s trace viewer: `<run_dir>/traces/<phase>_step_<N>.jsonl`,
+    a few of each step's groups with every token's text, mask, loss channel, advantage and
+    logprob, and the groups dropped on the way (docs/dashboard.md). A file holds about
+    `groups_per_step` × `group_size` traces, some 30 bytes per token."""
+
+    groups_per_step: int = Field(2, ge=0)
+    """Trained groups of a step written, spread evenly over its batch (0 = none). Default: 2."""
+
+    dropped_per_step: int = Field(2, ge=0)
+    """Groups dropped since the previous step (stale or failed) written with their reason.
+    Default: 2."""
+
+    interval: int = Field(1, ge=1)
+    """Write the traces of every this-many-th step of each phase (warm start and RL). Default: 1."""
+
+
 class WarmStartConfig(Section):
     max_steps: int = Field(0, ge=0)
     """Most supervised steps before RL (0 = no warm start). Default: 0."""
@@ -269,6 +286,9 @@ class OrchestratorConfig(Section):
     save_rollouts_interval: int = Field(0, ge=0)
     """Write every trace of every this-many-th step to `<run_dir>/rollouts/step_<N>.jsonl`
     (0 = never). Default: 0."""
+
+    traces: TracesConfig = TracesConfig()
+    """The dashboard's trace files."""
 
     actor: str = POLICY
     """Model key that generates rollouts: `policy` or a key of [orchestrator.models]. Default: policy."""

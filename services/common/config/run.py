@@ -18,6 +18,7 @@ from rlrun.common.config.model import ModelConfig
 from rlrun.common.config.monitor import MonitorConfig
 from rlrun.common.config.orchestrator import OrchestratorConfig
 from rlrun.common.config.trainer import TrainerConfig
+from rlrun.common.errors import describe_error_item
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +124,13 @@ def apply_override(raw: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def _format_validation_error(error: ValidationError) -> ConfigError:
-    first = error.errors()[0]
-    path = ".".join(str(p) for p in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
-    extra = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return ConfigError(path, message + extra)
+    """The first error, its key path and (for an unknown key) the nearest valid key; the
+    others are named after it."""
+    items = [describe_error_item(item, RunConfig) for item in error.errors()]
+    (path, message), rest = items[0], items[1:]
+    if rest:
+        message += f" (and {len(rest)} more: " + "; ".join(f"{p}: {m}" for p, m in rest) + ")"
+    return ConfigError("" if path == "<root>" else path, message)
 
 
 def resolve_config(raw: dict[str, Any], overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:

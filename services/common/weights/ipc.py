@@ -34,7 +34,6 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +50,6 @@ from rlrun.common.weights.protocol import (
     WeightSource,
     dtype_name,
 )
-from rlrun.common.wire.trainer import BroadcastResult
 from rlrun.common.wire.weights import (
     CudaIpcHandle,
     IpcBuffer,
@@ -154,11 +152,12 @@ class IpcWeightBroadcaster(WeightSender):
     tensors_on_cpu = False
     """The tensors are staged where they are: on the trainer's GPU, or on CPU."""
 
+    one_at_a_time = True
+    """From staging until every replica answered: the buffer is not written meanwhile."""
+
     def __init__(self, addresses: list[str], config: BroadcastConfig, client: ClientOptions):
         super().__init__(addresses, config, client)
         self.staging: StagingBuffer | None = None
-        self._lock = asyncio.Lock()
-        """Held from staging until every replica answered: the buffer is not written meanwhile."""
 
     def _stage(self, tensors: dict[str, torch.Tensor]) -> StagingBuffer:
         specs = _specs(tensors)
@@ -187,16 +186,6 @@ class IpcWeightBroadcaster(WeightSender):
 
     def discard(self, update: Update) -> None:
         self.staging = None
-
-    async def broadcast(
-        self,
-        tensors: dict[str, torch.Tensor],
-        version: int,
-        to: Sequence[str] | None = None,
-        rollback: bool = False,
-    ) -> list[BroadcastResult]:
-        async with self._lock:
-            return await super().broadcast(tensors, version, to, rollback)
 
 
 # ---- the receiving half ---------------------------------------------------------------------

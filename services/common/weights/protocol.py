@@ -18,6 +18,7 @@ transport, a `WeightSource` that the transport's receiver opens where the parame
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -328,6 +329,13 @@ class WeightSender(ReplicaChannels, ABC):
     tensors_on_cpu: bool = False
     fallback: WeightSender | None = None
     """Replicas that fail an update over this transport get it over `fallback` at once."""
+    one_at_a_time: ClassVar[bool] = False
+    """Updates never overlap: one is prepared only once every replica of the last answered
+    (the transport shares memory the replicas read)."""
+
+    def __init__(self, addresses: list[str], config: BroadcastConfig, client: ClientOptions):
+        super().__init__(addresses, config, client)
+        self._updating = asyncio.Lock()
 
     @abstractmethod
     async def prepare(
@@ -369,6 +377,15 @@ class WeightSender(ReplicaChannels, ABC):
         targets = self.targets(to)
         if not targets:
             return []
+        async with self._updating if self.one_at_a_time else contextlib.nullcontext():
+            results = await self._update(tensors, version, rollback, targets)
+        if self.fallback is not None and any(not r.ok for r in results.values()):
+            results.update(await self._fall_back(tensors, version, rollback, results))
+        return [results[a] for a in targets]
+
+    async def _update(
+        self, tensors: dict[str, torch.Tensor], version: int, rollback: bool, targets: list[str]
+    ) -> dict[str, BroadcastResult]:
         update = await self.prepare(tensors, version, rollback, targets)
         results = {
             a: BroadcastResult(a, ok=False, error=f"not reachable: {e}", transport=self.transport)
@@ -389,9 +406,7 @@ class WeightSender(ReplicaChannels, ABC):
             )
         if any(error for error, _ in outcomes.values()):
             self.discard(update)
-        if self.fallback is not None and any(not r.ok for r in results.values()):
-            results.update(await self._fall_back(tensors, version, rollback, results))
-        return [results[a] for a in targets]
+        return results
 
     async def _fall_back(
         self,

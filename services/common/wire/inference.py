@@ -276,8 +276,18 @@ def detokenize_request_from_proto(
     return DetokenizeRequest(list(msg.token_ids), msg.skip_special_tokens)
 
 
+def detokenize_request_to_proto(request: DetokenizeRequest) -> inference_pb2.DetokenizeRequest:
+    return inference_pb2.DetokenizeRequest(
+        token_ids=request.token_ids, skip_special_tokens=request.skip_special_tokens
+    )
+
+
 def detokenize_response_to_proto(text: str) -> inference_pb2.DetokenizeResponse:
     return inference_pb2.DetokenizeResponse(text=text)
+
+
+def detokenize_response_from_proto(msg: inference_pb2.DetokenizeResponse) -> str:
+    return msg.text
 
 
 # ---- Score ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rlrun.common.wire.trace import TaskRef
 from rlrun.v1 import orchestrator_pb2
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
@@ -37,13 +38,34 @@ class RunStatus:
     train_reward: float = 0.0
     """Mean reward of the last RL batch (a warm start's oracle rollouts do not count)."""
     eval_reward: float = 0.0
+    eval_step: int = -1
+    """The step the eval_reward was measured after (-1: none yet)."""
+    eval_split: str = ""
+    """`eval` or `dev` (the warm start's dev check)."""
     off_policy_lag: int = 0
     tokens_per_s: float = 0.0
     last_error: str = ""
     groups_dropped_stale: int = 0
     resumes: int = 0
     """Times the run went back to the trainer's checkpoint after losing the trainer."""
+    groups_failed: int = 0
+    first_rollout_error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+
+    # -- the rollouts' FailureSink (orchestrator/collect/rollouts.py): counted as they happen ---
+
+    def rollout_failed(self, env: str, task: TaskRef, reason: str) -> None:
+        if not self.first_rollout_error:
+            self.first_rollout_error = f"env {env!r}, {task.split} task {task.idx}: {reason}"
+
+    def group_failed(self, env: str) -> None:
+        self.groups_failed += 1
+
+    def group_stale(self, env: str) -> None:
+        self.groups_dropped_stale += 1
+
+    def evaluated(self, split: str, step: int, reward: float) -> None:
+        self.eval_split, self.eval_step, self.eval_reward = split, step, reward
 
     @property
     def finished(self) -> bool:
@@ -68,6 +90,10 @@ def status_to_proto(status: RunStatus) -> orchestrator_pb2.GetRunStatusResponse:
         last_error=status.last_error,
         groups_dropped_stale=status.groups_dropped_stale,
         resumes=status.resumes,
+        eval_step=status.eval_step,
+        eval_split=status.eval_split,
+        groups_failed=status.groups_failed,
+        first_rollout_error=status.first_rollout_error,
         metrics={k: v for k, v in status.metrics.items() if isinstance(v, int | float) and math.isfinite(v)},
     )
 
@@ -86,6 +112,10 @@ def status_from_proto(msg: orchestrator_pb2.GetRunStatusResponse) -> RunStatus:
         last_error=msg.last_error,
         groups_dropped_stale=msg.groups_dropped_stale,
         resumes=msg.resumes,
+        eval_step=msg.eval_step,
+        eval_split=msg.eval_split,
+        groups_failed=msg.groups_failed,
+        first_rollout_error=msg.first_rollout_error,
         metrics=dict(msg.metrics),
     )
 

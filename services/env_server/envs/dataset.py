@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlrun.common.errors import did_you_mean
 from rlrun.common.wire.trace import RewardComponent
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.episode import Episode
@@ -179,7 +180,8 @@ def make_scorer(name: str, args: dict[str, Any]) -> Scorer:
         return _callable(name, **args)
     else:
         raise ValueError(
-            f"unknown scorer {name!r}; use one of {sorted(BUILTIN_SCORERS)} or `package.module:function`"
+            f"unknown scorer {name!r}{did_you_mean(name, BUILTIN_SCORERS)}; use one of "
+            f"{sorted(BUILTIN_SCORERS)} or `package.module:function`"
         )
     try:
         return factory(**args)
@@ -202,17 +204,23 @@ class RowTemplate:
                     raise ValueError(f"template {template!r}: name the column in every {{}}")
 
     def example(self, row: Row, where: str) -> Example:
-        columns = [self.answer] + ([self.id_column] if self.id_column else [])
-        for column in columns:
-            if column not in row:
-                raise ValueError(f"{where}: no column {column!r} (columns: {sorted(row)})")
+        def lacks(column: str, arg: str) -> ValueError:
+            return ValueError(
+                f"{where}: `{arg}` names column {column!r}, which the row lacks"
+                f"{did_you_mean(column, row)} (columns: {', '.join(sorted(row))})"
+            )
+
+        for column, arg in ((self.answer, "answer"), (self.id_column, "id_column")):
+            if column is not None and column not in row:
+                raise lacks(column, arg)
         try:
             prompt = self.prompt.format_map(row)
+        except KeyError as error:
+            raise lacks(str(error.args[0]), "prompt") from None
+        try:
             system = self.system.format_map(row) if self.system else None
         except KeyError as error:
-            raise ValueError(
-                f"{where}: the prompt names column {error}, which it lacks (columns: {sorted(row)})"
-            ) from None
+            raise lacks(str(error.args[0]), "system") from None
         key = str(row[self.id_column]) if self.id_column else prompt
         data = {"answer": str(row[self.answer]).strip(), "row": _jsonable(row)}
         return Example(key=key, prompt=prompt, data=data, system=system)

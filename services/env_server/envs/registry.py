@@ -1,22 +1,24 @@
-"""Environment registry: built-in ids, or `package.module:Class` for environments that live
-outside rlrun (the module must be importable by the env-server and its workers)."""
+"""Environment registry (`rlrun.common.registry`): built-in ids, installed environments
+(entry point group `rlrun.envs`, found by the env-server and every worker without a hand
+import), or `package.module:Class` for environments that live outside rlrun (the module must
+be importable by the env-server and its workers)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from rlrun.common.registry import Registry
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.harnesses.registry import make_harness
 
-BUILTIN: dict[str, str] = {
-    "reverse-text": "rlrun.env_server.envs.reverse_text:ReverseText",
-    "alphabet-sort": "rlrun.env_server.envs.alphabet_sort:AlphabetSort",
-    "arithmetic": "rlrun.env_server.envs.arithmetic:Arithmetic",
-    "tool-calc": "rlrun.env_server.envs.tool_calc:ToolCalc",
-    "debate": "rlrun.env_server.envs.debate:Debate",
-    "dataset": "rlrun.env_server.envs.dataset:DatasetEnv",
-}
+BUILTIN: Registry[type[Environment]] = Registry("environment", "rlrun.envs", Environment)
+"""Imported when first used (the `dataset` env's optional packages only then)."""
+BUILTIN.register_path("reverse-text", "rlrun.env_server.envs.reverse_text:ReverseText")
+BUILTIN.register_path("alphabet-sort", "rlrun.env_server.envs.alphabet_sort:AlphabetSort")
+BUILTIN.register_path("arithmetic", "rlrun.env_server.envs.arithmetic:Arithmetic")
+BUILTIN.register_path("tool-calc", "rlrun.env_server.envs.tool_calc:ToolCalc")
+BUILTIN.register_path("debate", "rlrun.env_server.envs.debate:Debate")
+BUILTIN.register_path("dataset", "rlrun.env_server.envs.dataset:DatasetEnv")
 
 
 VERIFIERS = "vf:"
@@ -30,28 +32,22 @@ def resolve(env_id: str) -> type[Environment]:
         from rlrun.env_server.envs.verifiers.env import VerifiersEnv
 
         return VerifiersEnv
-    path = BUILTIN.get(env_id, env_id)
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        raise ValueError(
-            f"unknown environment {env_id!r}; built-in ids are {sorted(BUILTIN)}, "
-            "or give an import path `package.module:Class`"
-        )
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"environment {env_id!r}: cannot import {path}: {error}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ValueError(f"environment {env_id!r}: {path} is not an Environment subclass")
-    return cls
+    return BUILTIN.resolve(env_id)
+
+
+def env_args(env_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the env's class is built with: the entry's `args` (and, for a
+    verifiers env, its taskset id as `env_name`)."""
+    if env_id.startswith(VERIFIERS):
+        return {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    return dict(args)
 
 
 def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None = None) -> Environment:
     """Builds the environment with the entry's `args` as keyword arguments; with `harness`
     (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
     cls = resolve(env_id)
-    if env_id.startswith(VERIFIERS):
-        args = {"env_name": env_id.removeprefix(VERIFIERS), **args}
+    args = env_args(env_id, args)
     try:
         env = cls(**args)
     except TypeError as error:

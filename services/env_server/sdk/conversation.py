@@ -10,6 +10,7 @@ from __future__ import annotations
 from rlrun.common.tokenizer import ChatMessage, Tokenizer
 from rlrun.common.wire.inference import Completion
 from rlrun.common.wire.trace import Role
+from rlrun.env_server.sdk.errors import PromptNotEncodable
 from rlrun.env_server.sdk.trace_builder import TraceBuilder
 
 
@@ -45,7 +46,15 @@ class Conversation:
         return self.cursor
 
     def add_prompt(self, prompt: str, system: str | None = None) -> str:
-        """The opening messages (system, if any, then user); they are not observations."""
+        """The opening messages (system, if any, then user); they are not observations. A
+        prompt the tokenizer cannot encode is refused (PromptNotEncodable)."""
+        for role, text in (("system", system), ("user", prompt)):
+            unknown = self.tokenizer.unknown(text) if text else ""
+            if unknown:
+                raise PromptNotEncodable(
+                    f"the {role} prompt {text[:60]!r} holds characters the tokenizer cannot encode: "
+                    f"{unknown!r} (it would read them as its unknown token)"
+                )
         if system is not None:
             tokens = self.tokenizer.render_message("system", system)
             self._append("system", tokens, [False] * len(tokens), [], system)

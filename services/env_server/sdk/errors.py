@@ -42,6 +42,12 @@ class InvalidModelOutput(Exception):
     decides such output should be retried rather than scored)."""
 
 
+class PromptNotEncodable(ValueError):
+    """A task's prompt holds characters the model's tokenizer cannot encode: it would turn them
+    into its unknown token, and the model would be trained on a prompt nobody wrote. Not
+    retryable: the task's text is the same every time."""
+
+
 class ScoringError(Exception):
     """The env's scorer raised; the cause is chained."""
 
@@ -58,6 +64,8 @@ def trace_error(error: BaseException) -> TraceError:
         return TraceError("InvalidModelOutput", str(error), True)
     if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return TraceError("Timeout", str(error) or "timed out", True)
+    if isinstance(error, PromptNotEncodable):
+        return TraceError("PromptNotEncodable", str(error), False)
     if isinstance(error, ScoringError):
         cause = error.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(error)

@@ -39,7 +39,7 @@ from rlrun.common.wire.sampling import SamplingParams
 from rlrun.common.wire.weights import WeightSyncInfo, WeightUpdateHeader
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import Engine, StreamDelta
-from rlrun.inference.engines.torch_core import (
+from rlrun.inference.engines.core_protocol import (
     DELTAS,
     DONE,
     END,

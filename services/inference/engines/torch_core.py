@@ -1,11 +1,7 @@
 """The torch engine's core: continuous batching over a slot KV cache, synchronous and
-single-threaded.
-
-Commands go in through `handle`; events and statistics come out of `take_output`. `run`
-drives a core from a `CoreChannel`: it takes the commands that arrived, runs one step, and
-sends what the step produced. The channel is a thread hand-off for the in-process engine
-(`torch_engine.TorchEngine`) or a socket to the front end for the engine process
-(`torch_process.TorchEngineProcess`); the core knows neither, nor asyncio.
+single-threaded, driven through its command protocol (`core_protocol`: commands in through
+`handle`, events and statistics out of `take_output`), keeping its requests in `core_requests`
+and scoring in `core_scoring`.
 
 Each step is one forward over every running sequence's next token plus the prompts of newly
 admitted sequences (samples of one request share a single prefill, whose K/V is then copied
@@ -20,152 +16,45 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from rlrun.common.config import RunConfig
 from rlrun.common.errors import RequestError
-from rlrun.common.memory import release_memory
-from rlrun.common.model import CausalLM, PackedCausal, SlotKVCache
+from rlrun.common.model import CausalLM, SlotKVCache, build_model
 from rlrun.common.weights.protocol import WeightSource, broadcast_tensors
-from rlrun.common.wire.inference import Completion, FinishReason, ScoreResult, TopLogprobs
-from rlrun.common.wire.sampling import SamplingParams
-from rlrun.inference.engines.base import QueueFullError, StreamDelta
-from rlrun.inference.engines.scheduler import Admission, SlotScheduler
-from rlrun.inference.engines.static_decode import DecodeMode, StaticDecoder
-from rlrun.inference.logits import EngineResources, RowState, prepare_knobs, sample_ends
-from rlrun.inference.params import GenerationParams
-from rlrun.inference.sampler import BatchSampler, RowSettings, Sampled
-from rlrun.inference.structured import GrammarCompiler
+from rlrun.inference.engines.core_protocol import (
+    DONE,
+    FAILED,
+    ApplyWeights,
+    Cancel,
+    CoreOutput,
+    Score,
+    SetPaused,
+    Submit,
+)
+from rlrun.inference.engines.core_requests import Request, RequestBook, Sample
+from rlrun.inference.engines.core_scoring import score_batch
+from rlrun.inference.engines.scheduler import Admission
+from rlrun.inference.engines.static_decode import DecodeMode, StaticDecoder, decode_mode
+from rlrun.inference.sampler import BatchSampler, Sampled
+from rlrun.inference.structured import GrammarCompiler, model_grammars
 
 log = logging.getLogger(__name__)
 
 
-STATS_INTERVAL_S = 0.05
-"""Longest a step's statistics wait for an output that carries answers."""
-
-# -- commands (to the core) -------------------------------------------------------------------
-
-
-@dataclass
-class Submit:
-    rid: int
-    prompt: list[int]
-    params: SamplingParams
-    streaming: bool
-    arrival: float
-    """time.perf_counter() at the front end (CLOCK_MONOTONIC: comparable across processes)."""
-
-
-@dataclass
-class Cancel:
-    rid: int
-
-
-@dataclass
-class Score:
-    rid: int
-    token_ids: list[int]
-    start: int
-    temperature: float
-    top_logprobs: int = 0
-
-
-@dataclass
-class ApplyWeights:
-    rid: int
-    version: int
-    tensors: Mapping[str, torch.Tensor] | WeightSource
-    """Every tensor of the model, already checked against it (`CoreClient.update_weights`), or
-    where to fetch them from (IPC, a collective): fetched between two steps, then copied in."""
-
-
-@dataclass
-class SetPaused:
-    rid: int
-    paused: bool
-
-
-@dataclass
-class Stop:
-    """Ends `run`: every open request ends with what it has, finish_reason abort."""
-
-
-# -- events (from the core) -------------------------------------------------------------------
-
-DONE = "done"  # (DONE, rid, value): a request, score, update or pause/resume finished
-FAILED = "failed"  # (FAILED, rid, exception)
-DELTAS = "deltas"  # (DELTAS, rid, [StreamDelta]): new tokens of a streaming request
-END = "end"  # (END, rid): a streaming request finished
-
-
-@dataclass
-class CoreStats:
-    """What happened since the previous output; the front end turns it into metrics."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    steps: int = 0
-    finished: Counter = field(default_factory=Counter)
-    """Finished samples by finish reason."""
-    time_to_first_token: list[float] = field(default_factory=list)
-    inter_token_latency: list[float] = field(default_factory=list)
-    request_latency: list[float] = field(default_factory=list)
-    running_requests: int = 0
-    waiting_requests: int = 0
-    at: float = 0.0
-    """Clock reading of the last step (for the tokens/s meter)."""
-
-
-@dataclass
-class CoreOutput:
-    events: list[tuple]
-    stats: CoreStats
-
-
-class CoreChannel(Protocol):
-    def receive(self, wait: bool) -> list[Any]:
-        """The commands that arrived; with `wait`, blocks until there is at least one."""
-
-    def send(self, output: CoreOutput) -> None: ...
-
-
-@dataclass(eq=False)
-class _Request:
-    rid: int
-    prompt: list[int]
-    params: GenerationParams
-    arrival: float
-    streaming: bool
-    completions: list[Completion | None]
-    unfinished: int
-    running_samples: int = 0
-    knobs: dict[str, Sequence[RowState]] = field(default_factory=dict)
-    """Each logits processor's state of each sample (`prepare_knobs`), by name."""
-
-
-@dataclass(eq=False)
-class _Sample:
-    request: _Request
-    index: int
-    slot: int
-    settings: RowSettings
-    stop_ids: frozenset[int]
-    max_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[TopLogprobs] | None = None
-    """Per token, when the request asked for top_logprobs."""
-    version_start: int = 0
-    first_token_at: float = 0.0
-
-    def next_position(self) -> int:
-        """Where the last sampled token goes in the cache when it is fed back."""
-        return len(self.request.prompt) + len(self.tokens) - 1
+def core_settings(config: RunConfig) -> dict[str, Any]:
+    """TorchEngineCore's settings from `[model]` and `[inference]`."""
+    return {
+        "max_model_len": config.model.max_model_len,
+        "max_batch_size": config.inference.max_batch_size,
+        "max_waiting": config.inference.max_waiting,
+        "grammars": model_grammars(config),
+        "decode": decode_mode(config.inference.cuda_graphs, config.inference.device),
+        "graph_batch_sizes": config.inference.cuda_graph_batch_sizes,
+    }
 
 
 class TorchEngineCore:
@@ -210,9 +99,7 @@ class TorchEngineCore:
         self.tensors = broadcast_tensors(self.model)
         self.version = 0
         self.paused = False
-        self._scheduler: SlotScheduler[_Request] = SlotScheduler(max_batch_size, max_waiting)
-        self._requests: dict[int, _Request] = {}
-        self._running: list[_Sample] = []
+        self.book = RequestBook(max_batch_size, max_waiting)
         self._sampler: BatchSampler | None = None
         # While the batch stays the same, the next decode step's inputs are the tokens just
         # sampled, the same slots and the positions one further: kept as tensors, so a steady
@@ -223,54 +110,35 @@ class TorchEngineCore:
         self._generator.manual_seed(seed if seed is not None else random.SystemRandom().getrandbits(63))
         self._grammars = grammars
         self._scores: list[Score] = []
-        self._events: list[tuple] = []
-        self._stats = CoreStats()
-        self._running_requests = 0
-        self._gauges = (-1, -1)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> TorchEngineCore:
+        """The core `rlrun serve inference` runs: the model of `[model]` on `inference.device`."""
+        return cls(build_model(config.model, device=config.inference.device), **core_settings(config))
 
     # -- commands ------------------------------------------------------------------------------
 
     def handle(self, command) -> None:
         if isinstance(command, Submit):
-            self._submit(command)
+            self.book.submit(command, self._grammars)
         elif isinstance(command, Cancel):
-            request = self._requests.get(command.rid)
-            if request is not None:
-                self._cancel(request)
+            request = self.book.requests.get(command.rid)
+            if request is not None and self.book.cancel(request):
+                self._batch_changed()
         elif isinstance(command, Score):
             self._scores.append(command)
         elif isinstance(command, ApplyWeights):
             try:
                 seconds = self.apply_weights(command.tensors, command.version)
             except RequestError as error:
-                self._events.append((FAILED, command.rid, error))
+                self.book.events.append((FAILED, command.rid, error))
             else:
-                self._events.append((DONE, command.rid, seconds))
+                self.book.events.append((DONE, command.rid, seconds))
         elif isinstance(command, SetPaused):
             self.paused = command.paused
-            self._events.append((DONE, command.rid, command.paused))
+            self.book.events.append((DONE, command.rid, command.paused))
         else:
             raise TypeError(f"unknown engine command {command!r}")
-
-    def _submit(self, command: Submit) -> None:
-        params = GenerationParams.of(command.params)
-        request = _Request(
-            rid=command.rid,
-            prompt=command.prompt,
-            params=params,
-            arrival=command.arrival,
-            streaming=command.streaming,
-            completions=[None] * params.n,
-            unfinished=params.n,
-        )
-        try:
-            if params.knobs:
-                request.knobs = prepare_knobs(params, EngineResources(self._grammars))
-            self._scheduler.enqueue(request, params.n)
-        except (QueueFullError, RequestError) as error:
-            self._events.append((FAILED, command.rid, error))
-            return
-        self._requests[command.rid] = request
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor] | WeightSource, version: int) -> float:
         """Copies an update (checked by `CoreClient.update_weights`, its version by the
@@ -293,14 +161,14 @@ class TorchEngineCore:
 
     def has_work(self) -> bool:
         return bool(self._scores) or (
-            not self.paused and bool(self._running or self._scheduler.waiting_samples)
+            not self.paused and bool(self.book.running or self.book.scheduler.waiting_samples)
         )
 
     def step(self) -> None:
         """One score batch and one decode step, as far as there is work for them."""
         if self._scores:
             self._score_batch()
-        if not self.paused and (self._running or self._scheduler.waiting_samples):
+        if not self.paused and (self.book.running or self.book.scheduler.waiting_samples):
             try:
                 self._decode()
             except Exception as error:  # a bug, not bad input: fail loudly to every caller
@@ -308,25 +176,17 @@ class TorchEngineCore:
                 self.fail_all(error)
 
     def has_events(self) -> bool:
-        return bool(self._events)
+        return bool(self.book.events)
 
     def take_output(self) -> CoreOutput | None:
         """The events and statistics since the last call; None when nothing happened."""
-        stats = self._stats
-        gauges = (self._running_requests, self._scheduler.waiting_requests)
-        if not self._events and not stats.steps and gauges == self._gauges:
-            return None
-        self._gauges = gauges
-        stats.running_requests, stats.waiting_requests = gauges
-        output = CoreOutput(self._events, stats)
-        self._events, self._stats = [], CoreStats()
-        return output
+        return self.book.take_output()
 
-    def _batch_changed(self, joined: Sequence[_Sample] = ()) -> None:
+    def _batch_changed(self, joined: Sequence[Sample] = ()) -> None:
         self._rows_changed(joined)
         self._next_inputs = None
 
-    def _rows_changed(self, joined: Sequence[_Sample] = ()) -> None:
+    def _rows_changed(self, joined: Sequence[Sample] = ()) -> None:
         """Rows left or `joined` the batch: the sampler goes unless it samples any rows alike
         and those that joined have its settings."""
         alike = None if self._sampler is None else self._sampler.rows_alike
@@ -334,7 +194,7 @@ class TorchEngineCore:
             self._sampler = None
 
     def _decode(self) -> None:
-        admissions = self._scheduler.admit()
+        admissions = self.book.scheduler.admit()
         if admissions or (self._next_inputs is None and self._static is None):
             self._mixed_step(admissions)
         else:
@@ -342,16 +202,16 @@ class TorchEngineCore:
                 self._set_next_inputs()
             self._steady_step()
 
-    def _mixed_step(self, admissions: list[Admission[_Request]]) -> None:
+    def _mixed_step(self, admissions: list[Admission[Request]]) -> None:
         """A step whose inputs are built from the samples: prompts join the batch, or it
         changed in a way the tensors of the last step do not describe (a cancellation)."""
-        decoding = self._running
+        decoding = self.book.running
         ids = [s.tokens[-1] for s in decoding]
         positions = [s.next_position() for s in decoding]
         slots = [s.slot for s in decoding]
         keep = list(range(len(decoding)))
         prompt_lengths = []
-        new_samples: list[_Sample] = []
+        new_samples: list[Sample] = []
         for admission in admissions:
             request = admission.key
             length = len(request.prompt)
@@ -360,12 +220,12 @@ class TorchEngineCore:
             positions += range(length)
             slots += [admission.slots[0]] * length
             keep += [len(ids) - 1] * len(admission.slots)
-            new_samples += self._new_samples(admission)
+            new_samples += self.book.new_samples(admission, self.device)
         if admissions:
             # In the batch before the forward, so a failing step still frees their slots.
-            self._running = decoding + new_samples
+            self.book.running = decoding + new_samples
             self._batch_changed(new_samples)
-            self._stats.prompt_tokens += sum(len(a.key.prompt) * len(a.slots) for a in admissions)
+            self.book.stats.prompt_tokens += sum(len(a.key.prompt) * len(a.slots) for a in admissions)
         position_ids = torch.tensor(positions, device=self.device)
         step = self.cache.step(torch.tensor(slots, device=self.device), position_ids, prompt_lengths)
         hidden = self.model.hidden_states(torch.tensor(ids, device=self.device), position_ids, step)
@@ -378,7 +238,7 @@ class TorchEngineCore:
 
     def _set_next_inputs(self) -> None:
         """The next step's inputs, from the running samples."""
-        running = self._running
+        running = self.book.running
         self._next_inputs = None
         if running:
             self._next_tokens = torch.tensor([s.tokens[-1] for s in running], device=self.device)
@@ -409,7 +269,7 @@ class TorchEngineCore:
                 return
             index = torch.tensor(kept, device=self.device)
             tokens, slot_ids, position_ids = tokens[index], slot_ids[index], position_ids[index]
-            running = self._running
+            running = self.book.running
             used, span = max(s.slot for s in running) + 1, max(s.next_position() for s in running)
         self._next_tokens = tokens
         self._next_inputs = (slot_ids, position_ids + 1)
@@ -425,7 +285,7 @@ class TorchEngineCore:
 
     def _sample(self, logits: torch.Tensor) -> Sampled:
         if self._sampler is None:
-            running = self._running
+            running = self.book.running
             self._sampler = BatchSampler(
                 [s.settings for s in running],
                 self.device,
@@ -433,42 +293,7 @@ class TorchEngineCore:
             )
         return self._sampler.sample(logits, self._generator)
 
-    def _new_samples(self, admission: Admission[_Request]) -> list[_Sample]:
-        request = admission.key
-        params = request.params
-        if request.running_samples == 0:
-            self._running_requests += 1
-        request.running_samples += len(admission.slots)
-        samples = []
-        for offset, slot in enumerate(admission.slots):
-            index = admission.first_index + offset
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(params.seed * 1_000_003 + index)
-            settings = RowSettings(
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-                min_p=params.min_p,
-                generator=generator,
-                top_logprobs=params.top_logprobs,
-                knobs={name: states[index] for name, states in request.knobs.items()},
-            )
-            samples.append(
-                _Sample(
-                    request,
-                    index,
-                    slot,
-                    settings,
-                    frozenset(params.stop_token_ids),
-                    params.max_tokens,
-                    top=[] if params.top_logprobs else None,
-                )
-            )
-        return samples
-
-    def _fan_out_prefixes(self, admissions: list[Admission[_Request]]) -> None:
+    def _fan_out_prefixes(self, admissions: list[Admission[Request]]) -> None:
         """Siblings admitted together were prefilled once, in their first slot."""
         for admission in admissions:
             if len(admission.slots) == 1:
@@ -482,234 +307,27 @@ class TorchEngineCore:
     def _record(
         self, tokens: list[int], logprobs: list[float], top: tuple[torch.Tensor, torch.Tensor] | None
     ) -> list[int] | None:
-        """Appends each running sample's token; returns the rows still running when some
-        finished (None: all carry on)."""
-        if top is not None:
-            self._record_top(*top)
-        now = time.perf_counter()
-        version = self.version
-        stats = self._stats
-        finished: list[tuple[_Sample, FinishReason]] = []
-        deltas: dict[int, list[StreamDelta]] | None = None
-        for sample, token, logprob in zip(self._running, tokens, logprobs, strict=True):
-            sample_tokens = sample.tokens
-            if not sample_tokens:
-                sample.version_start = version
-                sample.first_token_at = now
-                stats.time_to_first_token.append(now - sample.request.arrival)
-            sample_tokens.append(token)
-            sample.logprobs.append(logprob)
-            reason: FinishReason | None = None
-            knobs = sample.settings.knobs
-            if token in sample.stop_ids or (knobs and sample_ends(knobs, token)):
-                reason = "stop"
-            elif len(sample_tokens) >= sample.max_tokens:
-                reason = "length"
-            if sample.request.streaming:
-                if deltas is None:
-                    deltas = {}
-                top_entry = None if sample.top is None else sample.top[-1:]
-                deltas.setdefault(sample.request.rid, []).append(
-                    StreamDelta(sample.index, [token], [logprob], reason, top_entry)
-                )
-            if reason is not None:
-                finished.append((sample, reason))
-        stats.generated_tokens += len(tokens)
-        stats.steps += 1
-        stats.at = now
-        if deltas:
-            self._events.extend((DELTAS, rid, items) for rid, items in deltas.items())
-        if not finished:
-            return None
-        done = {id(s) for s, _ in finished}
-        kept = [row for row, s in enumerate(self._running) if id(s) not in done]
-        self._running = [self._running[row] for row in kept]
-        self._rows_changed()
-        for sample, reason in finished:
-            self._finish(sample, reason, version, now)
+        """The step's tokens into the books; the rows still running when some finished (None:
+        all carry on)."""
+        kept = self.book.record(tokens, logprobs, top, self.version)
+        if kept is not None:
+            self._rows_changed()
         return kept
 
-    def _record_top(self, values: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """The most likely tokens of this step, for the rows that asked (each its own count)."""
-        values, token_ids = values.tolist(), token_ids.tolist()
-        for row, sample in enumerate(self._running):
-            if sample.top is not None:
-                sample.top.append(_top_entries(values[row], token_ids[row], sample.settings.top_logprobs))
-
-    def _finish(self, sample: _Sample, reason: FinishReason, version: int, now: float) -> None:
-        self._scheduler.release(sample.slot)
-        request = sample.request
-        request.completions[sample.index] = Completion(
-            sample.tokens, sample.logprobs, reason, sample.version_start, version, sample.top
-        )
-        self._stats.finished[reason] += 1
-        if len(sample.tokens) > 1:
-            self._stats.inter_token_latency.append((now - sample.first_token_at) / (len(sample.tokens) - 1))
-        request.running_samples -= 1
-        if request.running_samples == 0:
-            self._running_requests -= 1
-        request.unfinished -= 1
-        if request.unfinished == 0:
-            del self._requests[request.rid]
-            self._stats.request_latency.append(now - request.arrival)
-            if request.streaming:
-                self._events.append((END, request.rid))
-            else:
-                self._events.append((DONE, request.rid, request.completions))
-
-    def _cancel(self, request: _Request) -> None:
-        log.debug("request %d cancelled", request.rid)
-        del self._requests[request.rid]
-        self._scheduler.drop(request)
-        kept = []
-        for sample in self._running:
-            if sample.request is request:
-                self._scheduler.release(sample.slot)
-                self._stats.finished["abort"] += 1
-            else:
-                kept.append(sample)
-        if len(kept) != len(self._running):
-            self._running = kept
-            self._batch_changed()
-            self._running_requests -= 1
-        request.running_samples = 0
-
-    def _take_open_requests(self) -> list[_Request]:
-        """Empties the batch and the queue; returns every request still open, in arrival order."""
-        self._scheduler.drain()
-        for sample in self._running:
-            self._scheduler.release(sample.slot)
-        self._running = []
-        self._batch_changed()
-        self._running_requests = 0
-        requests = sorted(self._requests.values(), key=lambda r: r.arrival)
-        self._requests = {}
-        return requests
-
     def fail_all(self, error: Exception) -> None:
-        for request in self._take_open_requests():
-            self._events.append((FAILED, request.rid, error))
+        for request in self.book.take_open_requests():
+            self.book.events.append((FAILED, request.rid, error))
+        self._batch_changed()
         for job in self._scores:
-            self._events.append((FAILED, job.rid, error))
+            self.book.events.append((FAILED, job.rid, error))
         self._scores = []
 
     def abort_all(self) -> None:
         """On stop: every open request ends with what it has, finish_reason abort."""
-        partial_samples: dict[int, list[_Sample]] = {}
-        for sample in self._running:
-            partial_samples.setdefault(sample.request.rid, []).append(sample)
-        version = self.version
-        for request in self._take_open_requests():
-            for sample in partial_samples.get(request.rid, []):
-                request.completions[sample.index] = Completion(
-                    sample.tokens, sample.logprobs, "abort", sample.version_start, version, sample.top
-                )
-            top = [] if request.params.top_logprobs else None
-            for index, completion in enumerate(request.completions):
-                if completion is None:
-                    request.completions[index] = Completion([], [], "abort", version, version, top)
-            if request.streaming:
-                self._events.append((END, request.rid))
-            else:
-                self._events.append((DONE, request.rid, request.completions))
+        self.book.abort_open_requests(self.version)
+        self._batch_changed()
         self.fail_all(RuntimeError("the engine stopped"))
 
     def _score_batch(self) -> None:
         jobs, self._scores = self._scores[: self.max_batch_size], self._scores[self.max_batch_size :]
-        try:
-            lengths = [len(job.token_ids) for job in jobs]
-            offsets = list(accumulate(lengths, initial=0))
-            ids = torch.tensor([t for job in jobs for t in job.token_ids], device=self.device)
-            positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
-            attend = PackedCausal(lengths)
-            # Row r predicts token r + 1; job i scores its tokens start .. len - 1.
-            rows = [
-                r
-                for job, base in zip(jobs, offsets, strict=False)
-                for r in range(base + job.start - 1, base + len(job.token_ids) - 1)
-            ]
-            temperatures = [
-                job.temperature or 1.0 for job in jobs for _ in range(job.start, len(job.token_ids))
-            ]
-            hidden = self.model.hidden_states(ids, positions, attend)
-            row_index = torch.tensor(rows, device=self.device)
-            logits = self.model.lm_head(hidden.index_select(0, row_index)).float()
-            logits = logits / torch.tensor(temperatures, device=self.device)[:, None]
-            distributions = torch.log_softmax(logits, dim=-1)
-            logprobs = distributions.gather(1, ids[row_index + 1][:, None])[:, 0].tolist()
-            most = max(job.top_logprobs for job in jobs)
-            if most:
-                top_values, top_ids = (t.tolist() for t in distributions.topk(min(most, logits.shape[-1])))
-        except Exception as error:
-            log.exception("score batch failed")
-            self._events.extend((FAILED, job.rid, error) for job in jobs)
-            return
-        cursor = 0
-        for job in jobs:
-            count = len(job.token_ids) - job.start
-            rows = range(cursor, cursor + count)
-            top = None
-            if job.top_logprobs:
-                top = [_top_entries(top_values[r], top_ids[r], job.top_logprobs) for r in rows]
-            result = ScoreResult(logprobs[cursor : cursor + count], self.version, top)
-            self._events.append((DONE, job.rid, result))
-            cursor += count
-
-
-def _top_entries(values: list[float], token_ids: list[int], count: int) -> TopLogprobs:
-    """One position's `count` most likely tokens, from the batch's top-k (k >= count)."""
-    return list(zip(token_ids[:count], values[:count], strict=True))
-
-
-class ChannelClosed(Exception):
-    """The other side of a channel is gone (the front end of an engine process exited)."""
-
-
-def run(core: TorchEngineCore, channel: CoreChannel) -> None:
-    """Drives `core` until a `Stop` command: the commands that arrived, one step, its output.
-
-    A crash of the core itself fails every open request before the exception propagates,
-    so nothing waits forever on a dead engine."""
-    try:
-        with torch.inference_mode():
-            _serve(core, channel)
-    except ChannelClosed:
-        raise  # nobody is left to tell
-    except BaseException as error:
-        log.exception("the engine crashed; failing every open request")
-        core.fail_all(error if isinstance(error, Exception) else RuntimeError("the engine crashed"))
-        _flush(core, channel)
-        raise
-    _flush(core, channel)
-
-
-def _serve(core: TorchEngineCore, channel: CoreChannel) -> None:
-    flushed_at = 0.0
-    worked = False
-    while True:
-        idle = not core.has_work()
-        if idle:
-            _flush(core, channel)
-            if worked:
-                release_memory()  # a burst is over: its batches' memory goes back
-            worked = False
-        else:
-            worked = True
-        for command in channel.receive(wait=idle):
-            if isinstance(command, Stop):
-                core.abort_all()
-                return
-            core.handle(command)
-        core.step()
-        # Answers go out at once; statistics alone wait a little, since every output costs
-        # the decode loop a send and wakes the other side.
-        now = time.perf_counter()
-        if core.has_events() or now - flushed_at >= STATS_INTERVAL_S:
-            _flush(core, channel)
-            flushed_at = now
-
-
-def _flush(core: TorchEngineCore, channel: CoreChannel) -> None:
-    output = core.take_output()
-    if output is not None:
-        channel.send(output)
+        self.book.events.extend(score_batch(self.model, jobs, self.version, self.device))

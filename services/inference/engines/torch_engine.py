@@ -21,16 +21,11 @@ from rlrun.common.weights.ipc import IpcSource
 from rlrun.common.weights.receiver import WeightReceiver
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
-from rlrun.inference.engines.static_decode import DecodeMode, decode_mode
-from rlrun.inference.engines.torch_core import (
-    ApplyWeights,
-    CoreOutput,
-    Stop,
-    TorchEngineCore,
-    run,
-)
+from rlrun.inference.engines.core_protocol import ApplyWeights, CoreOutput, Stop, run
+from rlrun.inference.engines.static_decode import DecodeMode
+from rlrun.inference.engines.torch_core import TorchEngineCore, core_settings
 from rlrun.inference.engines.torch_process import TorchEngineProcess
-from rlrun.inference.structured import GrammarCompiler, model_grammars
+from rlrun.inference.structured import GrammarCompiler
 
 
 class _ThreadChannel:
@@ -139,13 +134,4 @@ def create_engine(config: RunConfig):
     if config.inference.engine_process:
         return TorchEngineProcess(config)
     model = build_model(config.model, device=config.inference.device)
-    return TorchEngine(
-        model,
-        model_name=config.name,
-        max_model_len=config.model.max_model_len,
-        max_batch_size=config.inference.max_batch_size,
-        max_waiting=config.inference.max_waiting,
-        grammars=model_grammars(config),
-        decode=decode_mode(config.inference.cuda_graphs, config.inference.device),
-        graph_batch_sizes=config.inference.cuda_graph_batch_sizes,
-    )
+    return TorchEngine(model, model_name=config.name, **core_settings(config))

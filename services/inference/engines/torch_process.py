@@ -47,7 +47,6 @@ import torch
 from rlrun.common.config import RunConfig
 from rlrun.common.logs import setup_logging
 from rlrun.common.memory import freeze_startup
-from rlrun.common.model import build_model
 from rlrun.common.service import limit_threads
 from rlrun.common.weights.collective import CollectiveSource
 from rlrun.common.weights.ipc import IpcSource
@@ -55,17 +54,8 @@ from rlrun.common.weights.protocol import ReceivedTensors
 from rlrun.common.weights.receiver import WeightReceiver
 from rlrun.inference import metrics
 from rlrun.inference.engines.core_client import CoreClient
-from rlrun.inference.engines.static_decode import decode_mode
-from rlrun.inference.engines.torch_core import (
-    FAILED,
-    ApplyWeights,
-    ChannelClosed,
-    CoreOutput,
-    Stop,
-    TorchEngineCore,
-    run,
-)
-from rlrun.inference.structured import model_grammars
+from rlrun.inference.engines.core_protocol import FAILED, ApplyWeights, ChannelClosed, CoreOutput, Stop, run
+from rlrun.inference.engines.torch_core import TorchEngineCore
 
 log = logging.getLogger(__name__)
 
@@ -274,23 +264,14 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
     setup_logging("inference-engine", None, config.log_level)
     frames = _FrameSocket(sock)
     try:
-        model = build_model(config.model, device=config.inference.device)
-        core = TorchEngineCore(
-            model,
-            max_model_len=config.model.max_model_len,
-            max_batch_size=config.inference.max_batch_size,
-            max_waiting=config.inference.max_waiting,
-            grammars=model_grammars(config),
-            decode=decode_mode(config.inference.cuda_graphs, config.inference.device),
-            graph_batch_sizes=config.inference.cuda_graph_batch_sizes,
-        )
+        core = TorchEngineCore.from_config(config)
     except Exception as error:
         frames.send(_LoadFailed(_error_text(error)))
         raise
     specs = [(name, t.dtype, tuple(t.shape)) for name, t in core.tensors.items()]
     freeze_startup()
     try:
-        frames.send(_Ready(specs, model.config.vocab_size))
+        frames.send(_Ready(specs, core.model.config.vocab_size))
         run(core, _EngineProcessChannel(frames, specs, WeightReceiver(core.device)))
     except ChannelClosed:
         log.info("the inference front end is gone; the engine process exits")

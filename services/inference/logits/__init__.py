@@ -4,9 +4,9 @@ from the request field that asks for it to the logits of the rows that use it.
 Adding a knob is one module here (a `LogitsProcessor` subclass: its `name`, the request
 `fields` it reads, `read`, `check`, `create`, `apply`, and where needed `prepare`, `record`,
 `ends`, `vllm_kwargs`) and one line: `register(TheKnob)`. The request models, the engines and
-the sampler ask the registry; none of them names a knob. A knob registered outside this
-package must be registered where the engine core runs too: the torch engine's process is
-spawned, and knows only the knobs of the modules it imports."""
+the sampler ask the registry; none of them names a knob. A knob outside rlrun is an entry
+point of group `rlrun.knobs` (`rlrun.common.registry`): every process that reads the registry
+finds it, the torch engine's spawned process too, without a hand import."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlrun.common.errors import RequestError
+from rlrun.common.registry import Registry
 from rlrun.inference.logits.base import (
     EngineResources,
     History,
@@ -27,16 +28,13 @@ from rlrun.inference.logits.grammar import Grammar
 from rlrun.inference.logits.min_tokens import MinTokens
 from rlrun.inference.logits.penalties import Penalties
 
-PROCESSORS: dict[str, type[LogitsProcessor]] = {}
-"""The registered knobs by name, in the order the sampler applies them."""
+PROCESSORS: Registry[type[LogitsProcessor]] = Registry("sampling knob", "rlrun.knobs", LogitsProcessor)
+"""The registered knobs by name, in the order the sampler applies them (installed ones last)."""
 
 
 def register(processor: type[LogitsProcessor]) -> type[LogitsProcessor]:
     """Adds a knob, applied after those registered before it."""
-    if processor.name in PROCESSORS:
-        raise ValueError(f"a logits processor named {processor.name!r} is registered already")
-    PROCESSORS[processor.name] = processor
-    return processor
+    return PROCESSORS.register(processor.name, processor)
 
 
 # In vLLM's order: the bias, the min_tokens mask of the stop tokens, the repetition then the

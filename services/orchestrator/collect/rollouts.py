@@ -5,14 +5,16 @@ already logged with its env and group id and counted in `groups_failed_total`.""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
 from rlrun.common.wire import WireError
 from rlrun.common.wire.plan import GenerationPlan
-from rlrun.common.wire.trace import TaskRef
+from rlrun.common.wire.trace import TaskRef, TraceError
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.env_client import EnvClient
 from rlrun.orchestrator.collect.group import RolloutGroup
@@ -28,6 +30,19 @@ from rlrun.orchestrator.collect.retry import (
 log = logging.getLogger(__name__)
 
 
+class FailureSink(Protocol):
+    """Who hears of failing rollouts as they happen (the run's status, which the console shows)."""
+
+    def rollout_failed(self, env: str, task: TaskRef, reason: str) -> None:
+        """An attempt at a group of `task` failed (it may still be retried)."""
+
+    def group_failed(self, env: str) -> None:
+        """A group was dropped after it kept failing."""
+
+    def group_stale(self, env: str) -> None:
+        """A group was dropped as too stale to train."""
+
+
 @dataclass(frozen=True)
 class EnvRollouts:
     """How one env's groups run in a phase: where, with which plan, and who trains."""
@@ -39,6 +54,7 @@ class EnvRollouts:
     temperatures: dict[str, float]
     learner_seat_only: bool = False
     """Train only the seat the env marked as the learner's (orchestrator.multi_agent.filter_by_learner_seat)."""
+    failures: FailureSink | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,8 @@ class GroupFailure:
     reason: str
     """The last failure, e.g. `RunGroup INTERNAL: KeyError: 'answer'`."""
     attempts: int
+    label: str
+    """The kind of failure, as `groups_failed_total` labels it (`internal`, `trace_errors`, ...)."""
 
 
 async def run_group(
@@ -95,7 +113,7 @@ async def run_group(
                     attempts=attempt,
                     learner_seat_only=target.learner_seat_only,
                 )
-            errors = "; ".join(f"{e.type}: {e.message}" for e in trace_errors(traces))
+            errors = describe_errors(trace_errors(traces))
             if verdict is Verdict.FAIL:
                 return _dropped(
                     target, group_id, task, attempt, "non_retryable_trace_errors", f"trace errors: {errors}"
@@ -103,6 +121,8 @@ async def run_group(
             label, reason, loud = "trace_errors", f"retryable trace errors: {errors}", False
         if not may_retry(attempt, max_retries):
             return _dropped(target, group_id, task, attempt, label, reason, loud=loud)
+        if target.failures is not None:
+            target.failures.rollout_failed(target.env, task, reason)
         log.log(
             logging.WARNING if loud else logging.INFO,
             "group %s on env %s: retry %d/%d after %s",
@@ -135,4 +155,13 @@ def _dropped(
         reason,
     )
     metrics.GROUPS_FAILED.labels(env=target.env, reason=label).inc()
-    return GroupFailure(group_id, target.env, task, reason, attempts)
+    if target.failures is not None:
+        target.failures.rollout_failed(target.env, task, reason)
+        target.failures.group_failed(target.env)
+    return GroupFailure(group_id, target.env, task, reason, attempts, label)
+
+
+def describe_errors(errors: list[TraceError]) -> str:
+    """Each distinct error once, with how many rollouts had it: `HarnessError: ... (8 rollouts)`."""
+    counts = Counter(f"{e.type}: {e.message}" for e in errors)
+    return "; ".join(text + (f" ({n} rollouts)" if n > 1 else "") for text, n in counts.items())

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlrun.common.config.orchestrator import GroupFailuresConfig
-from rlrun.common.wire.trace import TaskRef
+from rlrun.common.wire.trace import TaskRef, Trace
 from rlrun.orchestrator import metrics
 from rlrun.orchestrator.collect.group import RolloutGroup
 from rlrun.orchestrator.collect.retry import FailureRate
@@ -26,6 +26,10 @@ from rlrun.orchestrator.collect.sampler import TaskSampler
 from rlrun.orchestrator.collect.staleness import groups_to_dispatch, is_stale
 
 log = logging.getLogger(__name__)
+
+
+DROPS_KEPT = 64
+"""Dropped groups kept between two take_drops calls (their counts are all kept)."""
 
 
 class AllGroupsStale(RuntimeError):
@@ -51,11 +55,30 @@ class SchedulerSettings:
     """Group ids are `<id_prefix>-<counter>`, unique within the run."""
 
 
+STALE = "stale"
+"""The reason of a group dropped for staleness (a failed group's is its failure's label)."""
+
+
+@dataclass(frozen=True)
+class DroppedGroup:
+    """A group that will never train, and why (for the dashboard's trace files)."""
+
+    group_id: str
+    env: str
+    task: TaskRef
+    reason: str
+    """`stale`, or the failure's label (`internal`, `trace_errors`, ...)."""
+    detail: str
+    traces: list[Trace] = field(default_factory=list)
+    """Its traces where it finished (a stale group cancelled in flight, or a failed one, has none)."""
+
+
 @dataclass
 class _Inflight:
     task: asyncio.Task
     env: str
     dispatch_version: int
+    ref: TaskRef
 
 
 class GroupScheduler:
@@ -77,6 +100,8 @@ class GroupScheduler:
         self._stale_in_a_row = 0
         self._failures = FailureRate(settings.group_failures.window, settings.group_failures.max_ratio)
         self.dropped_stale = 0
+        self._drops: deque[DroppedGroup] = deque(maxlen=DROPS_KEPT)
+        self._drop_counts: dict[str, int] = {}
 
     # -- driven by the run loop ----------------------------------------------------------------
 
@@ -105,9 +130,7 @@ class GroupScheduler:
                 group = self._ready.popleft()
                 metrics.QUEUE_DEPTH.set(len(self._ready))
                 if self._stale(group.policy_start):
-                    self._count_stale(
-                        group.env, group.group_id, f"rollouts from version {group.policy_start}"
-                    )
+                    self._count_stale_group(group)
                     continue
                 self._taken += 1
                 self._stale_in_a_row = 0
@@ -133,6 +156,14 @@ class GroupScheduler:
         metrics.QUEUE_DEPTH.set(0)
         metrics.INFLIGHT.set(0)
 
+    def take_drops(self) -> tuple[dict[str, int], list[DroppedGroup]]:
+        """The groups dropped since the last call: how many for each reason, and the last
+        DROPS_KEPT of them."""
+        counts, drops = self._drop_counts, list(self._drops)
+        self._drop_counts = {}
+        self._drops.clear()
+        return counts, drops
+
     @property
     def inflight(self) -> int:
         return len(self._inflight)
@@ -156,17 +187,30 @@ class GroupScheduler:
         s = self.settings
         return s.enforce_staleness and is_stale(policy_start, self._target, s.max_off_policy_steps)
 
-    def _count_stale(self, env: str, group_id: str, why: str) -> None:
+    def _record_drop(self, drop: DroppedGroup) -> None:
+        self._drop_counts[drop.reason] = self._drop_counts.get(drop.reason, 0) + 1
+        self._drops.append(drop)
+
+    def _count_stale_group(self, group: RolloutGroup) -> None:
+        """A finished group too old for the batch."""
+        why = f"rollouts from version {group.policy_start}"
+        self._count_stale(group.env, group.task, group.group_id, why, group.traces)
+
+    def _count_stale(
+        self, env: str, task: TaskRef, group_id: str, why: str, traces: list[Trace] | None = None
+    ) -> None:
         self.dropped_stale += 1
         self._stale_in_a_row += 1
         metrics.GROUPS_DROPPED_STALE.labels(env=env).inc()
-        log.info(
-            "group %s dropped as stale: %s, batch trains at version %d (max_off_policy_steps %d)",
-            group_id,
-            why,
-            self._target,
-            self.settings.max_off_policy_steps,
+        failures = self.targets[env].failures
+        if failures is not None:
+            failures.group_stale(env)
+        detail = (
+            f"{why}, batch trains at version {self._target} "
+            f"(max_off_policy_steps {self.settings.max_off_policy_steps})"
         )
+        self._record_drop(DroppedGroup(group_id, env, task, STALE, detail, list(traces or [])))
+        log.info("group %s dropped as stale: %s", group_id, detail)
         if self._stale_in_a_row >= self._patience and self._fatal is None:
             self._fatal = AllGroupsStale(
                 f"{self._stale_in_a_row} groups in a row were too stale to train (the last: {why}, while the "
@@ -180,7 +224,7 @@ class GroupScheduler:
         fresh = deque()
         for group in self._ready:
             if self._stale(group.policy_start):
-                self._count_stale(group.env, group.group_id, f"rollouts from version {group.policy_start}")
+                self._count_stale_group(group)
             else:
                 fresh.append(group)
         self._ready = fresh
@@ -192,7 +236,10 @@ class GroupScheduler:
                 del self._inflight[group_id]
                 doomed.setdefault(inflight.env, []).append(group_id)
                 self._count_stale(
-                    inflight.env, group_id, f"in flight since version {inflight.dispatch_version}"
+                    inflight.env,
+                    inflight.ref,
+                    group_id,
+                    f"in flight since version {inflight.dispatch_version}",
                 )
         for env, ids in doomed.items():
             self._cancel_remote(env, ids)
@@ -239,8 +286,9 @@ class GroupScheduler:
         env, idx = self.sampler.sample()
         group_id = f"{self.settings.id_prefix}-{self._counter:06d}"
         self._counter += 1
-        task = asyncio.create_task(self._run(group_id, env, TaskRef(env=env, split="train", idx=idx)))
-        self._inflight[group_id] = _Inflight(task, env, self._current)
+        ref = TaskRef(env=env, split="train", idx=idx)
+        task = asyncio.create_task(self._run(group_id, env, ref))
+        self._inflight[group_id] = _Inflight(task, env, self._current, ref)
         metrics.INFLIGHT.set(len(self._inflight))
 
     def _attempt_version(self, group_id: str) -> int:
@@ -268,6 +316,7 @@ class GroupScheduler:
                 self._fatal = error
         else:
             if isinstance(result, GroupFailure):
+                self._record_drop(DroppedGroup(group_id, env, task, result.label, result.reason))
                 if self._failures.record(env, failed=True) and self._fatal is None:
                     self._fatal = GroupsFailing(
                         f"{self._failures.describe(env)}; the last, {group_id}, after {result.attempts} "

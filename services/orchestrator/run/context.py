@@ -15,7 +15,7 @@ from rlrun.common.config.orchestrator import POLICY
 from rlrun.common.wire.env import EnvInfo
 from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint
 from rlrun.common.wire.trace import Trace
-from rlrun.orchestrator.collect.rollouts import EnvRollouts
+from rlrun.orchestrator.collect.rollouts import EnvRollouts, FailureSink
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.credit.algorithms import AlgorithmDeps, BranchResult
 from rlrun.orchestrator.credit.filters import RolloutFilters
@@ -135,8 +135,13 @@ class RunContext:
 
     @classmethod
     def build(
-        cls, config: RunConfig, connections: Connections, descriptions: dict[str, EnvInfo]
+        cls,
+        config: RunConfig,
+        connections: Connections,
+        descriptions: dict[str, EnvInfo],
+        failures: FailureSink | None = None,
     ) -> RunContext:
+        """`failures` hears of every failing rollout of every phase (the run's status)."""
         orch = config.orchestrator
         check_members(config, descriptions)
         plans = compile_plans(config, connections.tokenizer, config.inference.addresses)
@@ -205,6 +210,7 @@ class RunContext:
                     trained_members=trained_members(plan, orch.multi_agent.drop_judge),
                     temperatures=member_temperatures(plan),
                     learner_seat_only=orch.multi_agent.filter_by_learner_seat,
+                    failures=failures,
                 )
                 for key, plan in phase_plans.items()
             }

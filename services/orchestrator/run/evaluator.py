@@ -120,7 +120,7 @@ class Evaluator:
         spec = _EvalSpec(targets, "eval", num_tasks, 1 if ev.greedy else ev.pass_k, "eval")
         summary = await self._run(spec, f"step_{rl_step}", rl_step)
         self.last = EvalRecord(rl_step, summary)
-        self.status.eval_reward = summary["eval_reward"]
+        self.status.evaluated("eval", rl_step, summary["eval_reward"])
         return summary
 
     async def evaluate_dev(self, warm_step: int) -> float:
@@ -128,7 +128,7 @@ class Evaluator:
         spec = _EvalSpec(targets, "train", dict.fromkeys(targets, self.orch.warm_start.dev_tasks), 1, "dev")
         summary = await self._run(spec, f"dev_step_{warm_step}", warm_step)
         self.progress.state.dev_reward = summary["dev_reward"]
-        self.status.eval_reward = summary["dev_reward"]
+        self.status.evaluated("dev", warm_step, summary["dev_reward"])
         return summary["dev_reward"]
 
     async def _run(self, spec: _EvalSpec, file: str, step: int) -> dict[str, float]:

@@ -79,7 +79,7 @@ class StepLoop:
                         built = None
                 if pending is not None:
                     outcome, pending = await pending, None
-                    if await self._after_step(phase, outcome):
+                    if await self._after_step(phase, outcome, scheduler):
                         break
                 if built is None:
                     if self._more(phase, False):
@@ -192,7 +192,7 @@ class StepLoop:
         scheduler.set_version(result.version)
         return StepOutcome(built, result, train_seconds, lag, version)
 
-    async def _after_step(self, phase: Phase, outcome: StepOutcome) -> bool:
+    async def _after_step(self, phase: Phase, outcome: StepOutcome, scheduler: GroupScheduler) -> bool:
         """Records a finished step; runs the evals due. True ends the phase."""
         now = time.monotonic()
         step_seconds, self._last_step_end = now - self._last_step_end, now
@@ -211,10 +211,12 @@ class StepLoop:
             log.error("weights of version %d did not reach %s", result.version, failure)
         state = self.progress.state
         phase.count_step(state, outcome.built, step_seconds)
-        record = self.recorder.step_record(phase, phase.steps_done(state), outcome, step_seconds)
+        dropped, drops = scheduler.take_drops()
+        record = self.recorder.step_record(phase, phase.steps_done(state), outcome, step_seconds, dropped)
         self.recorder.publish(phase, record)
         if phase.keeps_rollouts():
             self.recorder.keep_rollouts(record)
+        await self.recorder.write_traces(phase, record, drops)
         end_phase = await phase.evals_due(self.evaluator, record.number, record.line)
         self.recorder.write_line(phase, record, outcome, step_seconds)
         self._last_step_end = time.monotonic()  # evals and checkpoints do not count as step time

@@ -1,5 +1,6 @@
 """What the run reports: a metrics line per step (metrics.jsonl and the [monitor] sinks),
-the Prometheus gauges, the live status, the rollout dumps, and the summary or error at the end."""
+the Prometheus gauges, the live status, the rollout dumps and trace files, the run's events
+(start, resume), and the summary or error at the end."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from rlrun.common.config.orchestrator import OrchestratorConfig
 from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.orchestrator import metrics
+from rlrun.orchestrator.collect.scheduler import DroppedGroup
 from rlrun.orchestrator.credit.batching import LOW_TRAIN_FRACTION
 from rlrun.orchestrator.run.evaluator import EvalRecord
 from rlrun.orchestrator.run.outputs import ROLLOUTS_DIR, RunOutputs, trace_row
@@ -17,18 +19,36 @@ from rlrun.orchestrator.run.phase import Phase
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.state import OrchestratorState
 from rlrun.orchestrator.run.step import StepOutcome, StepRecord
+from rlrun.orchestrator.run.traces import TraceWriter
 
 log = logging.getLogger(__name__)
 
 
 class Recorder:
-    def __init__(self, orch: OrchestratorConfig, status: RunStatus, outputs: RunOutputs, progress: Progress):
+    def __init__(
+        self,
+        orch: OrchestratorConfig,
+        status: RunStatus,
+        outputs: RunOutputs,
+        progress: Progress,
+        traces: TraceWriter,
+    ):
         self.orch = orch
         self.status = status
         self.outputs = outputs
         self.progress = progress
+        self.traces = traces
 
-    def step_record(self, phase: Phase, number: int, outcome: StepOutcome, step_seconds: float) -> StepRecord:
+    def step_record(
+        self,
+        phase: Phase,
+        number: int,
+        outcome: StepOutcome,
+        step_seconds: float,
+        dropped: dict[str, int] | None = None,
+    ) -> StepRecord:
+        """`dropped`: groups dropped since the step before, by reason (`stale`, or a failure's
+        label), each a `groups_dropped/<reason>` key of the line."""
         result, built = outcome.result, outcome.built
         batch = built.batch
         line: dict[str, Any] = {
@@ -39,6 +59,7 @@ class Recorder:
             **batch.metrics,
             "off_policy_lag": outcome.off_policy_lag,
             "groups_dropped_stale": self.progress.groups_dropped_stale(),
+            **{f"groups_dropped/{reason}": count for reason, count in (dropped or {}).items()},
             "step_seconds": step_seconds,
             "gen_seconds": built.gen_seconds,
             "train_seconds": outcome.train_seconds,
@@ -89,6 +110,9 @@ class Recorder:
             rows = [trace_row(t, batch.flags.get(t.id, []), t.id in batch.filtered) for t in traces]
             self.outputs.write_rows(ROLLOUTS_DIR, f"step_{record.number}", rows)
 
+    async def write_traces(self, phase: Phase, record: StepRecord, drops: list[DroppedGroup]) -> None:
+        await self.traces.write(phase.name, record, drops)
+
     def write_line(self, phase: Phase, record: StepRecord, outcome: StepOutcome, step_seconds: float) -> None:
         self.outputs.append_metrics(record.line)
         log.info(
@@ -112,6 +136,13 @@ class Recorder:
         self.status.step = state.rl_steps
         self.status.version = state.policy_version
         self.status.resumes = resumes
+        self.outputs.event(
+            "resume" if state.trainer_step else "start",
+            trainer_step=state.trainer_step,
+            step=state.rl_steps,
+            warmup_step=state.warmup_steps,
+            checkpoint=checkpoint,
+        )
         if state.trainer_step:
             log.info(
                 "resumed at trainer step %d (warm-start steps %d, rl steps %d, version %d)%s",

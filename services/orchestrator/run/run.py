@@ -40,6 +40,7 @@ from rlrun.orchestrator.run.plan import samples_live_policy
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
 from rlrun.orchestrator.run.step import RunFailed, RunStopped
+from rlrun.orchestrator.run.traces import TokenTexts, TraceWriter
 from rlrun.orchestrator.run.trainer_client import TrainerLost
 
 __all__ = [
@@ -89,7 +90,14 @@ class Run:
         self.options = options or ClientOptions.from_config(config.grpc)
         self.outputs = RunOutputs(config.run_dir)
         self.progress = Progress()
-        self.recorder = Recorder(self.orch, status, self.outputs, self.progress)
+        self.token_texts = TokenTexts(config.inference.addresses, self.options)
+        self.recorder = Recorder(
+            self.orch,
+            status,
+            self.outputs,
+            self.progress,
+            TraceWriter(self.orch.traces, self.outputs, self.token_texts),
+        )
         self.connections: Connections | None = None
         self.parts: RunParts | None = None
         self.stop_reason: str | None = None
@@ -125,6 +133,7 @@ class Run:
             last = self.parts.evaluator.last if self.parts is not None else None
             self.recorder.failed(describe_error(error), error, isinstance(error, EXPECTED_ERRORS), last)
         finally:
+            await self.token_texts.close()
             if self.connections is not None:
                 await self.connections.close()
 
@@ -135,7 +144,7 @@ class Run:
         )
         await wait_ready(addresses, self.options, self.orch.startup_timeout_s)
         connections = self.connections = Connections(self.config, self.options)
-        context = RunContext.build(self.config, connections, await connections.describe_envs())
+        context = RunContext.build(self.config, connections, await connections.describe_envs(), self.status)
         checkpointer = Checkpointer(connections.trainer, context, self.progress, self.outputs)
         evaluator = Evaluator(self.orch, context, self.progress, self.outputs, self.status, self._nonce)
 

@@ -37,11 +37,12 @@ COLUMNS = ("step", "env", "prompt", "completion", "reward")
 
 
 def numeric_items(line: dict[str, Any]) -> dict[str, float]:
-    """The line's finite numbers as `<phase>/<key>` (booleans and the step counters aside)."""
+    """The line's finite numbers as `<phase>/<key>` (booleans, the step counters and the wall
+    time aside)."""
     phase = str(line.get("phase", "run"))
     out = {}
     for key, value in line.items():
-        if key in ("step", "trainer_step", "phase") or isinstance(value, bool):
+        if key in ("step", "trainer_step", "phase", "time") or isinstance(value, bool):
             continue
         if isinstance(value, int | float) and math.isfinite(value):
             out[f"{phase}/{key}"] = float(value)

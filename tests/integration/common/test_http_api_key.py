@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from rlrun.common.config.inference import InferenceConfig
+from rlrun.common.ports import listen_socket
 from rlrun.inference.http_server import HttpServer, http_security
 
 KEY = "sk-run-7f3a9c"
@@ -44,7 +45,7 @@ async def serve():
     servers: list[HttpServer] = []
 
     async def start(**security) -> HttpServer:
-        server = HttpServer(_app(), "127.0.0.1", 0, **security)
+        server = HttpServer(_app(), listen_socket("127.0.0.1", 0, "the test app", "the test"), **security)
         await server.start()
         servers.append(server)
         return server
@@ -99,5 +100,8 @@ async def test_https_with_the_key(serve, pki):
 def test_an_unpaired_certificate_or_blank_key_is_refused(pki):
     with pytest.raises(ValueError, match="inference.http_tls_cert and inference.http_tls_key"):
         InferenceConfig.model_validate({"http_tls_cert": str(pki.server_cert)})
-    with pytest.raises(ValueError, match="blank"):
-        HttpServer(_app(), "127.0.0.1", 0, api_key="  ")
+    with (
+        listen_socket("127.0.0.1", 0, "the test app", "the test") as listener,
+        pytest.raises(ValueError, match="blank"),
+    ):
+        HttpServer(_app(), listener, api_key="  ")

@@ -271,13 +271,21 @@ class FakeEnv(env_pb2_grpc.EnvServiceServicer):
 
 class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
     """Score: every token gets logprob -0.25, after `delay`; records the peak concurrency.
-    GetStatus reports the default model's tokenizer (configs/tokenizer/char)."""
+    GetStatus reports the default model's tokenizer (configs/tokenizer/char), Detokenize
+    decodes with it."""
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
         self.active = 0
         self.peak = 0
-        self.tokenizer = tokenizer_info(CharTokenizer.from_file(REPO / CHAR_TOKENIZER), CHAR_TOKENIZER)
+        self.chars = CharTokenizer.from_file(REPO / CHAR_TOKENIZER)
+        self.tokenizer = tokenizer_info(self.chars, CHAR_TOKENIZER)
+        self.detokenized = 0
+
+    async def Detokenize(self, request, context):
+        self.detokenized += 1
+        text = self.chars.decode(list(request.token_ids), request.skip_special_tokens)
+        return inference_pb2.DetokenizeResponse(text=text)
 
     async def GetStatus(self, request, context):
         return inference_pb2.GetInferenceStatusResponse(tokenizer=tokenizer_info_to_proto(self.tokenizer))

@@ -19,10 +19,11 @@ from typing import Any
 
 import yaml
 
+from .agent import HTTPS_PORT, NodeAgent
 from .controlplane import ControlPlane
 from .kueue import Kueue
 from .kwok import CPU_POOL, GPU_POOL, NodePool, start_kwok
-from .processes import ClusterError, Process, tool, wait_for
+from .processes import REPO, ClusterError, Process, tool, wait_for
 from .provisioner import Provisioner, storage_class
 
 
@@ -32,6 +33,9 @@ class ClusterOptions:
     """Where certificates, etcd's data, logs and volumes go (a new temporary folder if None)."""
     pools: tuple[NodePool, ...] = (GPU_POOL, CPU_POOL)
     kueue: bool = True
+    agent: bool = False
+    """A node agent (kubecluster.agent) whose Node runs the pods bound to it as local processes;
+    the API server then binds to the pod network's address, so that pods reach it."""
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Cluster:
     control_plane: ControlPlane = field(init=False)
     processes: list[Process] = field(default_factory=list)
     provisioner: Provisioner | None = None
+    agent: NodeAgent | None = None
     _owned_workdir: bool = False
 
     @property
@@ -61,7 +66,12 @@ class Cluster:
             workdir = Path(tempfile.mkdtemp(prefix="rlrun-kube-"))
             self._owned_workdir = True
         workdir.mkdir(parents=True, exist_ok=True)
-        self.control_plane = ControlPlane(workdir)
+        # --- the node agent's hook (1/4): its pod network exists before the API server binds to it
+        self.agent = NodeAgent(workdir) if self.options.agent else None
+        bind_address = self.agent.create_network() if self.agent is not None else "127.0.0.1"
+        self.control_plane = ControlPlane(
+            workdir, bind_address=bind_address, port=HTTPS_PORT if self.agent is not None else 0
+        )
         try:
             self.control_plane.start()
             self._admin = self.api_client()
@@ -74,6 +84,8 @@ class Cluster:
                 self._start_kueue()
             names = [node["metadata"]["name"] for pool in self.options.pools for node in pool.nodes()]
             wait_for(lambda: self._nodes_ready(names), 90, "the kwok nodes to be Ready", kwok)
+            if self.agent is not None:  # the node agent's hook (2/4)
+                self.agent.start(self.control_plane, self.apply)
         except BaseException:
             self.stop()
             raise
@@ -162,6 +174,22 @@ class Cluster:
             raise ClusterError(f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
 
+    def install_chart(self, *values: str, release: str = "rlrun", namespace: str = "rlrun-system") -> None:
+        """`helm install` of the repository's chart, as a user installs it (`values`: extra
+        helm arguments, e.g. --set)."""
+        chart = REPO / "charts" / "rlrun"
+        self.helm(
+            "install",
+            release,
+            str(chart),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--wait",
+            "--timeout=300s",
+            *values,
+        )
+
     def apply(self, objects: list[dict[str, Any]], manager: str = "rlrun-test") -> None:
         """Server-side apply of `objects` as the admin."""
         if objects:
@@ -195,6 +223,8 @@ class Cluster:
         return events
 
     def stop(self) -> None:
+        if self.agent is not None:  # the node agent's hook (3/4): its pods stop first
+            self.agent.stop()
         if self.provisioner is not None:
             self.provisioner.stop()
             self.provisioner = None
@@ -203,6 +233,8 @@ class Cluster:
         self.processes.clear()
         if getattr(self, "control_plane", None) is not None:
             self.control_plane.stop()
+            if self.agent is not None:  # the node agent's hook (4/4): the API server's address goes last
+                self.agent.delete_network()
             if self._owned_workdir and not os.environ.get("RLRUN_KEEP_CLUSTER_DIR"):
                 shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -74,6 +74,7 @@ class ControlPlane:
     """The API server's address: loopback, or the node agent's bridge so that pods reach it."""
     processes: list[Process] = field(default_factory=list)
     port: int = 0
+    """The API server's port: a free one if 0 (the node agent's cluster uses 443, see kubecluster.agent.coredns)."""
     kubeconfig: Path = field(init=False)
     ca: Path = field(init=False)
     authority: Authority = field(init=False)
@@ -94,7 +95,7 @@ class ControlPlane:
         pki = self.workdir / "pki"
         self.authority = Authority(pki)
         self.ca = self.authority.cert
-        self.port = free_port(self.bind_address)
+        self.port = self.port or free_port(self.bind_address)
         hosts = (
             "127.0.0.1",
             self.bind_address,
@@ -158,6 +159,10 @@ class ControlPlane:
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         advertise = self.bind_address
+        # How the API server authenticates to kubelets (`kubectl logs` through the node agent), as kubeadm sets it up.
+        kubelet_client = self.authority.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organization="system:masters"
+        )
         apiserver = self._run(
             "kube-apiserver",
             [
@@ -172,6 +177,8 @@ class ControlPlane:
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={self.ca}",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
                 f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
                 f"--service-account-key-file={service_accounts.cert}",
                 f"--service-account-signing-key-file={service_accounts.key}",
@@ -179,7 +186,8 @@ class ControlPlane:
                 "--authorization-mode=Node,RBAC",
                 # OwnerReferencesPermissionEnforcement, as hardened clusters (OpenShift) run it: an
                 # owner reference with blockOwnerDeletion needs `update` on the owner's finalizers.
-                "--enable-admission-plugins=ExtendedResourceToleration,OwnerReferencesPermissionEnforcement",
+                # NodeRestriction: a node (the node agent) may change only itself and its own pods.
+                "--enable-admission-plugins=ExtendedResourceToleration,OwnerReferencesPermissionEnforcement,NodeRestriction",
                 "--allow-privileged=true",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--audit-policy-file={policy}",

@@ -245,3 +245,60 @@ def test_check_config_exits_2_naming_the_key(tmp_path, capsys):
     assert "orchestrator.max_off_policy_steps" in capsys.readouterr().err
     assert cli_main(["check-config", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["orchestrator.batch_sise=3"],
+            "orchestrator.batch_sise: unknown key (did you mean orchestrator.batch_size?)",
+        ),
+        (
+            ["orchestrator.train.sampling.temprature=1.0"],
+            "orchestrator.train.sampling.temprature: unknown key "
+            "(did you mean orchestrator.train.sampling.temperature?)",
+        ),
+        (
+            ['orchestrator.train.env.0.nmae="x"'],
+            "orchestrator.train.env.0.nmae: unknown key (did you mean orchestrator.train.env.0.name?)",
+        ),
+        (
+            ['orchestrator.eval.env=[{id = "reverse-text", name = "held", intervl = 3}]'],
+            "orchestrator.eval.env.0.intervl: unknown key (did you mean orchestrator.eval.env.0.interval?)",
+        ),
+        (["trainr.lr=1e-3"], "trainr: unknown key (did you mean trainer?)"),
+        (["trainer.zzz=1"], "trainer.zzz: unknown key (valid keys: address, device, "),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_valid_one(overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        resolve_config(copy.deepcopy(MINIMAL), overrides)
+    assert str(error.value).startswith(expected), str(error.value)
+
+
+def test_every_finding_of_the_schema_is_named():
+    with pytest.raises(ConfigError) as error:
+        resolve_config(copy.deepcopy(MINIMAL), ["orchestrator.batch_sise=3", "trainer.lr=-1"])
+    message = str(error.value)
+    assert message.startswith("trainer.lr: Input should be greater than 0 (and 1 more: ")
+    assert "orchestrator.batch_sise: unknown key (did you mean orchestrator.batch_size?))" in message
+
+
+@pytest.mark.parametrize(
+    ("env_id", "key"),
+    [
+        ("reverse-text", "reverse-text"),
+        ("letters.env:LetterShift", "letters.env-LetterShift"),
+        ("vf:vf_reverse_text", "vf-vf_reverse_text"),
+    ],
+)
+def test_an_env_entry_without_a_name_gets_a_file_safe_one(env_id, key):
+    config, _ = resolve_config({"orchestrator": {"train": {"env": [{"id": env_id}]}}})
+    assert config.orchestrator.train.env[0].key == key
+
+
+@pytest.mark.parametrize("name", ["a:b", "my env", "../up", "-x"])
+def test_an_env_name_that_is_not_file_safe_is_refused(name):
+    with pytest.raises(ConfigError, match=r"orchestrator\.train\.env\.0\.name: .* is not a file-safe name"):
+        resolve_config({"orchestrator": {"train": {"env": [{"id": "reverse-text", "name": name}]}}})

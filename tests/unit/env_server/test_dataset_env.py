@@ -96,7 +96,7 @@ def test_max_rows_and_a_system_template(tmp_path):
     ("args", "message"),
     [
         ({"prompt": "{question}"}, "names column 'question'"),
-        ({"prompt": "{a}", "answer": "solution"}, "no column 'solution'"),
+        ({"prompt": "{a}", "answer": "solution"}, "`answer` names column 'solution'"),
         ({"prompt": "{}"}, "name the column"),
         ({"prompt": "{a}", "scorer": "nope"}, "unknown scorer 'nope'"),
         ({"prompt": "{a}", "scorer": "regex", "scorer_args": {"patern": "x"}}, "bad scorer_args ['patern']"),

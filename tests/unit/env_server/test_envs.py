@@ -154,7 +154,18 @@ def test_the_registry_knows_every_builtin_and_import_paths():
     ("env_id", "args", "message"),
     [
         ("nope", {}, "unknown environment"),
-        ("rlrun.env_server.envs.arithmetic:Nothing", {}, "cannot import"),
+        ("revers-text", {}, r"unknown environment 'revers-text' \(did you mean reverse-text\?\)"),
+        ("no_such_module:Env", {}, "cannot import no_such_module: .*on PYTHONPATH"),
+        (
+            "rlrun.env_server.envs.arithmetic:Nothing",
+            {},
+            "module rlrun.env_server.envs.arithmetic has no 'Nothing'",
+        ),
+        (
+            "rlrun.env_server.envs.arithmetic:Arithmetik",
+            {},
+            r"has no 'Arithmetik' \(did you mean Arithmetic\?\)",
+        ),
         ("rlrun.env_server.sdk.scoring:similarity", {}, "not an Environment"),
         ("reverse-text", {"bogus": 1}, "bad args"),
     ],

@@ -16,7 +16,7 @@ from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.errors import InvalidModelOutput, ModelCallError
 from rlrun.env_server.sdk.harnesses import SingleTurnHarness
 from rlrun.env_server.sdk.models import InferenceModel, RuleModel
-from rlrun.env_server.sdk.task import Score
+from rlrun.env_server.sdk.task import Score, Task
 from rlrun.env_server.server.rollout import CANCELLED, RolloutJob, Runtime, error_traces, run_rollouts
 
 
@@ -126,6 +126,19 @@ async def test_a_harness_bug_is_not_retryable(tokenizer):
     [trace] = await run(Broken(), tokenizer, FakeClient(tokenizer), job(n=1))
     [error] = trace.errors
     assert (error.type, error.retryable) == ("HarnessError", False) and "TypeError" in error.message
+
+
+async def test_a_prompt_the_tokenizer_cannot_encode_fails_the_rollouts_without_a_model_call(tokenizer):
+    """The char tokenizer would read `é` as `?`: the rollouts fail (not retryable: the prompt is
+    the same each time) instead of training on a prompt nobody wrote."""
+    task = Task("train", 0, "k", "café", {"answer": "éfac"})
+    client = FakeClient(tokenizer)
+    traces = await run(ENV, tokenizer, client, RolloutJob("rt", task, plan(), "grp", ["grp/0", "grp/1"]))
+    assert client.calls == []
+    for trace in traces:
+        [error] = trace.errors
+        assert (error.type, error.retryable) == ("PromptNotEncodable", False)
+        assert "the user prompt 'café' holds characters the tokenizer cannot encode: 'é'" in error.message
 
 
 async def test_a_rollout_past_its_time_is_a_retryable_timeout(tokenizer):

@@ -15,7 +15,7 @@ import torch
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import CharTokenizer
-from rlrun.inference.engines.torch_core import Submit
+from rlrun.inference.engines.core_protocol import Submit
 from rlrun.inference.engines.torch_engine import TorchEngine
 from rlrun.inference.engines.vllm_engine import sampling_kwargs
 from rlrun.inference.logits import PROCESSORS, History, LogitsProcessor, RequestFields, register

@@ -15,13 +15,14 @@ from pydantic import ValidationError
 from rlrun.common.config.inference import InferenceConfig
 from rlrun.common.model import ArchConfig, CausalLM, PackedCausal, SlotKVCache, create_model
 from rlrun.common.wire.sampling import SamplingParams
+from rlrun.inference.engines.core_protocol import DONE, ApplyWeights, Cancel, Submit
 from rlrun.inference.engines.static_decode import (
     StaticDecoder,
     decode_mode,
     default_batch_buckets,
     span_buckets,
 )
-from rlrun.inference.engines.torch_core import DONE, ApplyWeights, Cancel, Submit, TorchEngineCore
+from rlrun.inference.engines.torch_core import TorchEngineCore
 from rlrun.inference.sampler import BatchSampler, RowSettings
 
 from .conftest import REPO, tiny_model

@@ -18,7 +18,8 @@ from rlrun.common.weights.protocol import TensorLayout
 from rlrun.common.wire.sampling import SamplingParams
 from rlrun.common.wire.weights import update_message_from_proto
 from rlrun.inference.engines.base import QueueFullError
-from rlrun.inference.engines.torch_core import DONE, Submit, TorchEngineCore
+from rlrun.inference.engines.core_protocol import DONE, Submit
+from rlrun.inference.engines.torch_core import TorchEngineCore
 from rlrun.inference.engines.torch_engine import TorchEngine
 from rlrun.inference.params import GenerationParams
 from rlrun.inference.structured import GrammarCompiler

@@ -61,6 +61,34 @@ def test_a_child_that_dies_before_ready_is_named_with_its_log(tmp_path):
     group.stop()
 
 
+def test_a_service_that_says_why_it_cannot_start_is_named_by_that_line_alone(tmp_path):
+    group = ProcessGroup(dict(os.environ))
+    script = (
+        "import sys; print('some log line', file=sys.stderr); "
+        "print('rlrun serve inference: cannot bind the gRPC server to 127.0.0.1:5 (--port): taken', "
+        "file=sys.stderr); sys.exit(1)"
+    )
+    with pytest.raises(ChildFailed) as error:
+        group.start("inference", [sys.executable, "-c", script], tmp_path / "i.log")
+    assert str(error.value) == (
+        "inference exited with code 1 before it was ready: cannot bind the gRPC server to "
+        f"127.0.0.1:5 (--port): taken (its log: {tmp_path / 'i.log'})"
+    )
+    group.stop()
+
+
+def test_a_child_that_closes_its_output_and_lingers_is_killed_not_waited_on(tmp_path):
+    """What a replica that could not bind once did: stdout closed, the process still there."""
+    group = ProcessGroup(dict(os.environ))
+    script = "import os, time; os.close(1); time.sleep(600)"
+    with pytest.raises(ChildFailed, match="closed its output before it was ready and did not exit") as error:
+        group.start("inference", [sys.executable, "-c", script], tmp_path / "i.log")
+    assert "killed it" in str(error.value)
+    (child,) = group.children
+    assert not alive(child.process.pid)
+    group.stop()
+
+
 def test_a_child_that_dies_later_is_detected(tmp_path):
     group = ProcessGroup(dict(os.environ))
     script = "import time; print('rlrun t listening on 127.0.0.1:1', flush=True); time.sleep(0.3); raise SystemExit(7)"

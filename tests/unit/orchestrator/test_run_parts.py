@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlrun.common.config.orchestrator import FiltersConfig, OrchestratorConfig
+from rlrun.common.config.orchestrator import FiltersConfig, OrchestratorConfig, TracesConfig
+from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.wire.orchestrator import RunStatus
 from rlrun.common.wire.trainer import Resumed, StepResult
 from rlrun.common.wire.training import encode_batch
@@ -25,10 +26,20 @@ from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
 from rlrun.orchestrator.run.state import OrchestratorState
 from rlrun.orchestrator.run.step import BuiltStep, RunFailed
+from rlrun.orchestrator.run.traces import TokenTexts, TraceWriter
 
 ORCH = OrchestratorConfig.model_validate(
     {"batch_size": 2, "group_size": 2, "max_steps": 3, "train": {"env": [{"id": "rev"}]}}
 )
+
+
+def recorder(status: RunStatus, outputs: RunOutputs, progress: Progress) -> Recorder:
+    """A recorder that writes no trace files (they need an inference replica to decode tokens:
+    tests/integration/orchestrator/test_trace_files.py)."""
+    off = TraceWriter(
+        TracesConfig(groups_per_step=0, dropped_per_step=0), outputs, TokenTexts([], ClientOptions())
+    )
+    return Recorder(ORCH, status, outputs, progress, off)
 
 
 async def no_env_algorithms(env_id, ids, traces):
@@ -203,24 +214,25 @@ def test_state_after_is_the_state_once_the_batch_trained(tmp_path, build):
 
 def test_recorder_publishes_rl_steps_and_writes_the_summary(tmp_path, build):
     status, progress = RunStatus(), Progress()
-    recorder = Recorder(ORCH, status, RunOutputs(tmp_path), progress)
+    rec = recorder(status, RunOutputs(tmp_path), progress)
     built = built_step(build)
     outcome = SimpleNamespace(
         built=built, result=StepResult(1, 1, False, "", {"loss": 0.5}), train_seconds=0.2, off_policy_lag=1
     )
     progress.moved_to(1, 1)
     rl = rl_phase(ORCH, {}, credit(), live=True, id_prefix="r")
-    record = recorder.step_record(rl, 1, outcome, step_seconds=2.0)
+    record = rec.step_record(rl, 1, outcome, step_seconds=2.0, dropped={"stale": 2})
+    assert record.line["groups_dropped/stale"] == 2
     assert (
         record.line["trainer/loss"] == 0.5 and record.line["tokens_per_s"] == built.batch.generated_tokens / 2
     )
-    recorder.publish(rl, record)
+    rec.publish(rl, record)
     assert status.step == 1 and status.train_reward == 0.5 and status.version == 1
     warm = warmup_phase(ORCH, {}, credit(), live=False, id_prefix="w")
     status.step = 0
-    recorder.publish(warm, recorder.step_record(warm, 1, outcome, 2.0))
+    rec.publish(warm, rec.step_record(warm, 1, outcome, 2.0))
     assert status.step == 0  # warm steps are not RL steps
-    recorder.finished("enough", None)
+    rec.finished("enough", None)
     assert status.phase == "failed" and status.last_error == "stopped by request: enough"
     assert (tmp_path / "summary.json").exists()
 
@@ -247,6 +259,9 @@ class FakeScheduler:
 
     async def take(self):
         return self.groups.pop(0)
+
+    def take_drops(self):
+        return {}, []
 
     async def close(self):
         self.closed = True
@@ -279,7 +294,7 @@ def make_loop(tmp_path, build, skips=()):
         RolloutFilters(FiltersConfig(), 64),
         checkpointer,
         evaluator,
-        Recorder(ORCH, status, RunOutputs(tmp_path), progress),
+        recorder(status, RunOutputs(tmp_path), progress),
         lambda phase: scheduler,
         asyncio.Event(),
     )

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from rlrun.common.config.orchestrator import GroupFailuresConfig
+from rlrun.common.wire.orchestrator import RunStatus, status_from_proto, status_to_proto
 from rlrun.orchestrator.collect.rollouts import EnvRollouts
 from rlrun.orchestrator.collect.sampler import EnvTasks, TaskSampler
 from rlrun.orchestrator.collect.scheduler import GroupScheduler, GroupsFailing, SchedulerSettings
@@ -42,7 +43,7 @@ class FakeEnv:
         self.cancelled.extend(group_ids)
 
 
-def scheduler(env, *, batch_size=2, max_off=1, enforce=True, failures=None) -> GroupScheduler:
+def scheduler(env, *, batch_size=2, max_off=1, enforce=True, failures=None, status=None) -> GroupScheduler:
     settings = SchedulerSettings(
         batch_size=batch_size,
         group_size=2,
@@ -61,6 +62,7 @@ def scheduler(env, *, batch_size=2, max_off=1, enforce=True, failures=None) -> G
             plan=plan_pb2.GenerationPlan(),
             trained_members=frozenset({"policy"}),
             temperatures={"policy": 1.0},
+            failures=status,
         )
     }
     return GroupScheduler(settings, targets, TaskSampler([EnvTasks("rev", 1.0, 50, 0)], seed=0))
@@ -107,6 +109,12 @@ async def test_ready_groups_too_old_for_the_batch_are_dropped_and_counted(build)
     finally:
         await s.close()
     assert s.dropped_stale >= 2 and group.dispatch_version == 5 and group.policy_start == 5
+    counts, drops = s.take_drops()
+    assert counts == {"stale": s.dropped_stale} and len(drops) == s.dropped_stale
+    finished = [d for d in drops if d.traces]  # the ready ones come with their traces
+    assert finished and all(len(d.traces) == 2 and d.reason == "stale" for d in finished)
+    assert "rollouts from version 0, batch trains at version 5" in finished[0].detail
+    assert s.take_drops() == ({}, [])  # each drop is handed out once
 
 
 async def test_no_stale_drops_when_staleness_is_not_enforced(build):
@@ -134,6 +142,45 @@ async def test_a_sustained_failure_rate_ends_the_phase(build):
             await asyncio.wait_for(s.take(), 5)
     finally:
         await s.close()
+    counts, drops = s.take_drops()
+    assert counts == {"non_retryable_trace_errors": len(drops)} and len(drops) >= 2
+    assert all("HarnessError: boom" in d.detail and not d.traces for d in drops)
+
+
+async def test_the_status_hears_the_first_failed_rollout_and_counts_dropped_groups(build):
+    """What `rlrun local` shows at once: the first failure with its env, task and error (each
+    distinct error once, with its count), then running counts of failed and stale groups."""
+    status = RunStatus()
+    env = FakeEnv(build, errors=[("HarnessError", "TypeError: the reward is not async", False)])
+    s = scheduler(env, failures=GroupFailuresConfig(window=4, max_ratio=0.5), status=status)
+    s.start(0)
+    s.begin_batch(0)
+    try:
+        with pytest.raises(GroupsFailing):
+            await asyncio.wait_for(s.take(), 5)
+    finally:
+        await s.close()
+    assert status.first_rollout_error.startswith("env 'rev', train task ")
+    assert status.first_rollout_error.endswith(
+        ": trace errors: HarnessError: TypeError: the reward is not async (2 rollouts)"
+    )
+    assert status.groups_failed >= 2
+    assert status_from_proto(status_to_proto(status)) == status
+
+    stale = RunStatus()
+    fresh = FakeEnv(build)
+    s = scheduler(fresh, status=stale)
+    s.start(0)
+    s.begin_batch(0)
+    await asyncio.sleep(0.05)
+    fresh.version = 5
+    s.set_version(5)
+    s.begin_batch(5)
+    try:
+        await asyncio.wait_for(s.take(), 5)
+    finally:
+        await s.close()
+    assert stale.groups_dropped_stale == s.dropped_stale >= 2 and stale.groups_failed == 0
 
 
 async def test_close_cancels_in_flight_groups_on_the_env_server(build):

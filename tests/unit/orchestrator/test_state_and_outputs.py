@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -54,6 +55,10 @@ def test_resume_keeps_exactly_the_checkpointed_steps(tmp_path):
     out.write_rows("eval", "step_0", [])
     out.write_rows("eval", "step_4", [])
     out.write_rows("eval", "step_5", [])
+    for phase, steps in (("warmup", 4), ("rl", 5)):
+        for step in range(1, steps + 1):
+            out.write_traces(phase, step, [{"step": step}])
+    out.event("start", trainer_step=0)
     out.write_summary({"steps": 5})
     out.resume_after(trainer_step=7, warmup_steps=3, rl_steps=4)
     lines = [json.loads(line) for line in out.metrics_path.read_text().splitlines()]
@@ -66,10 +71,17 @@ def test_resume_keeps_exactly_the_checkpointed_steps(tmp_path):
         "step_0.jsonl",
         "step_4.jsonl",
     ]
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == sorted(
+        [f"warmup_step_{n}.jsonl" for n in (1, 2, 3)] + [f"rl_step_{n}.jsonl" for n in (1, 2, 3, 4)]
+    )
+    assert (tmp_path / "events.jsonl").exists()  # the run's history stays
     assert not (tmp_path / "summary.json").exists()
 
 
 def test_non_finite_numbers_are_written_as_null(tmp_path):
     out = RunOutputs(tmp_path)
+    before = time.time()
     out.append_metrics({"step": 1, "trainer_step": 1, "x": float("nan")})
-    assert json.loads(out.metrics_path.read_text()) == {"step": 1, "trainer_step": 1, "x": None}
+    line = json.loads(out.metrics_path.read_text())
+    assert before <= line.pop("time") <= time.time()  # every line is stamped with its wall time
+    assert line == {"step": 1, "trainer_step": 1, "x": None}

@@ -6,17 +6,18 @@ Built-in ids take what they need from the env:
 - `multi-turn`: the env's `feedback(task, episode)` answers each turn (None ends the episode);
   args `max_turns`, `rewrite_history`.
 - `tool-calling`: the env's `tools` (name -> callable); args `max_tool_calls`.
-Any other id is an import path `package.module:Class` of a Harness subclass, built with the
-args as keyword arguments (plus `env=` when its constructor takes an `env` parameter).
+An installed harness (entry point group `rlrun.harnesses`) or an import path
+`package.module:Class` names a Harness subclass, built with the args as keyword arguments (plus
+`env=` when its constructor takes an `env` parameter). The registry is `rlrun.common.registry`'s.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rlrun.common.registry import Registry
 from rlrun.env_server.sdk.harness import Harness
 from rlrun.env_server.sdk.harnesses.multi_turn import MultiTurnHarness
 from rlrun.env_server.sdk.harnesses.single_turn import SingleTurnHarness
@@ -35,26 +36,19 @@ def _needs(env: Environment, attribute: str, harness_id: str) -> Any:
     return value
 
 
-BUILTIN: dict[str, Callable[..., Harness]] = {
-    "single-turn": lambda env, **args: SingleTurnHarness(**args),
-    "multi-turn": lambda env, **args: MultiTurnHarness(_needs(env, "feedback", "multi-turn"), **args),
-    "tool-calling": lambda env, **args: ToolCallingHarness(_needs(env, "tools", "tool-calling"), **args),
-}
+HARNESSES: Registry[Callable[..., Harness]] = Registry("harness", "rlrun.harnesses", Harness)
+"""Built-in ids as factories `(env, **args) -> Harness` (they take what they need from the env);
+installed ones and import paths as Harness subclasses."""
+HARNESSES.register("single-turn", lambda env, **args: SingleTurnHarness(**args))
+HARNESSES.register(
+    "multi-turn", lambda env, **args: MultiTurnHarness(_needs(env, "feedback", "multi-turn"), **args)
+)
+HARNESSES.register(
+    "tool-calling", lambda env, **args: ToolCallingHarness(_needs(env, "tools", "tool-calling"), **args)
+)
 
 
-def _import(harness_id: str) -> Callable[..., Harness]:
-    module_name, sep, attr = harness_id.partition(":")
-    if not sep:
-        raise ValueError(
-            f"unknown harness {harness_id!r}; built-in ids are {sorted(BUILTIN)}, "
-            "or give an import path `package.module:Class`"
-        )
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"harness {harness_id!r}: cannot import it: {error}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Harness)):
-        raise ValueError(f"harness {harness_id!r} is not a Harness subclass")
+def _factory(cls: type[Harness]) -> Callable[..., Harness]:
     cls_: Any = cls  # a concrete subclass, whose constructor takes the args
     takes_env = "env" in inspect.signature(cls).parameters
 
@@ -66,7 +60,8 @@ def _import(harness_id: str) -> Callable[..., Harness]:
 
 def make_harness(harness_id: str, args: dict[str, Any], env: Environment) -> Harness:
     """The harness `harness_id` for `env`, built with `args`; ValueError naming what is wrong."""
-    factory = BUILTIN.get(harness_id) or _import(harness_id)
+    entry = HARNESSES.resolve(harness_id)
+    factory = _factory(entry) if isinstance(entry, type) else entry
     if env.members:
         raise ValueError(
             f"harness {harness_id!r}: {type(env).__name__} is multi-agent; its turn harness is its own"

@@ -1,28 +1,25 @@
-"""The registry of builtin algorithms, by id. Ids that are not builtin resolve, per env, to the
-env's own algorithms (run inside the env-server through RunAlgorithms)."""
+"""The algorithm registry (`rlrun.common.registry`; installed algorithms: entry point group
+`rlrun.algorithms`), by id. Ids it does not hold resolve, per env, to the env's own algorithms
+(run inside the env-server through RunAlgorithms)."""
 
 from __future__ import annotations
 
+from rlrun.common.registry import Registry
 from rlrun.orchestrator.credit.algorithms.base import Algorithm
 
-_BUILTIN: dict[str, type[Algorithm]] = {}
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", "rlrun.algorithms", Algorithm)
 
-
-def register(cls: type[Algorithm]) -> type[Algorithm]:
-    if cls.name in _BUILTIN:
-        raise ValueError(f"algorithm id {cls.name!r} is registered twice")
-    _BUILTIN[cls.name] = cls
-    return cls
+register = ALGORITHMS.register
 
 
 def builtin(name: str) -> type[Algorithm] | None:
-    return _BUILTIN.get(name)
+    return ALGORITHMS.get(name)
 
 
 def builtin_names() -> list[str]:
-    return sorted(_BUILTIN)
+    return ALGORITHMS.names()
 
 
 def member_capable_names() -> list[str]:
-    """Builtin ids defined for multi-agent groups (per-member traces)."""
-    return sorted(name for name, cls in _BUILTIN.items() if cls.handles_members)
+    """Ids defined for multi-agent groups (per-member traces)."""
+    return sorted(name for name, cls in ALGORITHMS.items() if cls.handles_members)

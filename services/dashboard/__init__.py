@@ -1,0 +1,1 @@
+"""`rlrun dashboard`: a read-only web page over run folders (docs/dashboard.md)."""
