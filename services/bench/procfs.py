@@ -3,6 +3,7 @@ time, read from outside, as an operator's tools see a service."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -21,10 +22,8 @@ def descendants(pid: int) -> list[int]:
         except FileNotFoundError:
             continue
         for task in tasks:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 todo += [int(c) for c in (task / "children").read_text().split()]
-            except FileNotFoundError:
-                pass
     return found
 
 

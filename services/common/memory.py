@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+from collections.abc import Callable
 
 
 def freeze_startup() -> None:
@@ -19,13 +20,21 @@ def freeze_startup() -> None:
     gc.freeze()
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
 def release_memory() -> None:
     """Frees what finished work left behind (its reference cycles) and returns the heap's free
     pages to the kernel. glibc keeps freed memory for the process to reuse unless asked, so
     without this a process's resident memory stays at its peak, and creeps up as its heap
     fragments."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
-        pass
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)

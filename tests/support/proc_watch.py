@@ -13,10 +13,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlrun.bench.procfs import cpu_seconds, descendants, rss_bytes
+
 
 @dataclass
 class Sample:
@@ -81,7 +83,9 @@ class TreeSampler:
                 last_busy = b.at
         return last_busy
 
-    def wait_quiet(self, since: float, timeout_s: float, idle_cores: float = 0.15, window_s: float = 1.0) -> float:
+    def wait_quiet(
+        self, since: float, timeout_s: float, idle_cores: float = 0.15, window_s: float = 1.0
+    ) -> float:
         """Waits until the tree has been idle for `window_s` (or `timeout_s` passed); returns
         `busy_until`."""
         deadline = time.monotonic() + timeout_s
@@ -116,7 +120,9 @@ class HealthProbe:
             while not self._stop.is_set():
                 started = time.monotonic()
                 try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=self.service), timeout=self.timeout_s)
+                    reply = stub.Check(
+                        health_pb2.HealthCheckRequest(service=self.service), timeout=self.timeout_s
+                    )
                     if reply.status != health_pb2.HealthCheckResponse.SERVING:
                         self.failures.append(f"status {reply.status}")
                 except grpc.RpcError as error:

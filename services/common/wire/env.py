@@ -349,10 +349,12 @@ def run_algorithms_request_to_proto(request: RunAlgorithmsRequest) -> env_pb2.Ru
 
 
 def run_algorithms_request_from_proto(
-    msg: env_pb2.RunAlgorithmsRequest, limits: RequestLimits, members: int = 1
+    msg: env_pb2.RunAlgorithmsRequest, limits: RequestLimits, members: Mapping[str, int] = {}
 ) -> RunAlgorithmsRequest:
-    """One group's traces: at most `limits.max_group_size` per member (`members`: the env's)."""
-    limits.check("traces", -(-len(msg.traces) // members), "max_group_size", "traces per member")
+    """One group's traces: at most `limits.max_group_size` per member (`members`: per hosted
+    env, how many it has; one for an env not listed), checked before any trace is read."""
+    per_member = -(-len(msg.traces) // members.get(msg.env_id, 1))
+    limits.check("traces", per_member, "max_group_size", "traces per member")
     args: dict[str, dict[str, Any]] = {}
     for algorithm_id, text in msg.algorithm_args.items():
         try:

@@ -35,6 +35,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         self.vocab_sizes = {key: host.vocab_size for key, host in hosts.items()}
         """Per hosted env, the vocabulary its plans' stop tokens must lie in."""
         self.members = {key: max(1, len(host.env.members)) for key, host in hosts.items()}
+        """Per hosted env, its members (a group carries up to max_group_size traces of each)."""
 
     def _host(self, key: str, where: str) -> EnvHost:
         host = self.hosts.get(key)
@@ -77,9 +78,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     @grpc_errors
     async def RunAlgorithms(self, request, context):
-        asked = wire.run_algorithms_request_from_proto(
-            request, self.limits, self.members.get(request.env_id, 1)
-        )
+        asked = wire.run_algorithms_request_from_proto(request, self.limits, self.members)
         host = self._host(asked.env_id, "env_id")
         host.check_algorithms(asked.algorithms)
         models = {m.name: list(m.addresses) for m in asked.models if m.addresses}

@@ -12,6 +12,7 @@ import pytest
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import Engine, StreamDelta
 from rlrun.inference.openai.app import build_openai_app
@@ -29,6 +30,9 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
 MESSAGES = [{"role": "user", "content": "Weather and time in Paris?"}]
+LIMITS = RequestLimits(
+    max_group_size=8, max_samples=8, max_messages=64, max_text_chars=65536, max_batch_samples=64
+)
 
 
 class ScriptedEngine(Engine):
@@ -38,7 +42,6 @@ class ScriptedEngine(Engine):
     model_name = "scripted"
     vocab_size = TOKENIZER.vocab_size
     max_model_len = 4096
-    max_samples = 8
 
     def __init__(self) -> None:
         self.prompts: list[list[int]] = []
@@ -80,7 +83,7 @@ def engine() -> ScriptedEngine:
 
 @pytest.fixture
 async def client(engine):
-    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
+    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True, LIMITS)
     transport = httpx.ASGITransport(app=app)
     async with (
         httpx.AsyncClient(transport=transport, base_url="http://scripted") as http,
@@ -197,7 +200,7 @@ class ConstrainingEngine(ScriptedEngine):
 @pytest.fixture
 async def constrained():
     engine = ConstrainingEngine()
-    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
+    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True, LIMITS)
     async with (
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://scripted") as http,
         openai.AsyncOpenAI(
