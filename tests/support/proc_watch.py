@@ -29,10 +29,14 @@ class Sample:
     cpu_s: dict[int, float]
     """CPU seconds of each process of the tree, by pid"""
 
-    def busy_cores(self, later: Sample) -> float:
+    def busy_cores(self, later: Sample, pids: frozenset[int] | None = None) -> float:
         """Cores the tree used from this sample to `later`: what every process alive at
-        `later` used since this sample (all of it, for a process started in between)."""
-        used = sum(cpu - self.cpu_s.get(pid, 0.0) for pid, cpu in later.cpu_s.items())
+        `later` used since this sample (all of it, for a process started in between); only
+        the processes `pids` when given (e.g. those that were there when a call began, not a
+        worker started later to replace one)."""
+        used = sum(
+            cpu - self.cpu_s.get(pid, 0.0) for pid, cpu in later.cpu_s.items() if pids is None or pid in pids
+        )
         return used / (later.at - self.at)
 
 
@@ -67,10 +71,14 @@ class TreeSampler:
     def peak_rss(self, since: float = 0.0) -> int:
         return max((s.rss for s in self.samples if s.at >= since), default=0)
 
-    def busy_until(self, since: float, idle_cores: float = 0.15, window_s: float = 1.0) -> float:
+    def busy_until(
+        self, since: float, idle_cores: float, window_s: float, pids: frozenset[int] | None = None
+    ) -> float:
         """When the tree's work stopped: the end of the last `window_s` after `since` over which
-        it used at least `idle_cores` of a core (`since` when it never did). Only meaningful
-        once the samples run at least `window_s` past it (`quiet_for`)."""
+        it (or its processes `pids`) used at least `idle_cores` of a core (`since` when it
+        never did). Only meaningful once the samples run at least `window_s` past it.
+        `idle_cores` well below what a starved process gets on a loaded machine (an idle
+        service uses next to nothing), so that slow work never reads as none."""
         samples = [s for s in list(self.samples) if s.at >= since]
         last_busy, j = since, 0
         for a in samples:
@@ -79,22 +87,27 @@ class TreeSampler:
             if j == len(samples):
                 break
             b = samples[j]
-            if a.busy_cores(b) >= idle_cores:
+            if a.busy_cores(b, pids) >= idle_cores:
                 last_busy = b.at
         return last_busy
 
     def wait_quiet(
-        self, since: float, timeout_s: float, idle_cores: float = 0.15, window_s: float = 1.0
+        self,
+        since: float,
+        timeout_s: float,
+        idle_cores: float = 0.03,
+        window_s: float = 1.0,
+        pids: frozenset[int] | None = None,
     ) -> float:
-        """Waits until the tree has been idle for `window_s` (or `timeout_s` passed); returns
-        `busy_until`."""
+        """Waits until the tree (or `pids`) has been idle for `window_s` (or `timeout_s`
+        passed); returns `busy_until`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             time.sleep(self.interval_s)
-            until = self.busy_until(since, idle_cores, window_s)
+            until = self.busy_until(since, idle_cores, window_s, pids)
             if self.samples and self.samples[-1].at - until >= window_s:
                 return until
-        return self.busy_until(since, idle_cores, window_s)
+        return self.busy_until(since, idle_cores, window_s, pids)
 
 
 @dataclass
@@ -109,6 +122,9 @@ class HealthProbe:
     probes: int = 0
     failures: list[str] = field(default_factory=list)
     slowest_s: float = 0.0
+    failures_in_a_row: int = 0
+    """The longest run of consecutive failed probes: a kubelet restarts a container after
+    `failureThreshold` (3 by default) of them."""
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -117,19 +133,28 @@ class HealthProbe:
     def _run(self) -> None:
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
+            in_a_row = 0
             while not self._stop.is_set():
                 started = time.monotonic()
-                try:
-                    reply = stub.Check(
-                        health_pb2.HealthCheckRequest(service=self.service), timeout=self.timeout_s
-                    )
-                    if reply.status != health_pb2.HealthCheckResponse.SERVING:
-                        self.failures.append(f"status {reply.status}")
-                except grpc.RpcError as error:
-                    self.failures.append(f"{error.code().name} after {time.monotonic() - started:.2f} s")
+                failure = self._probe(stub)
+                if failure is not None:
+                    self.failures.append(failure)
+                in_a_row = in_a_row + 1 if failure is not None else 0
+                self.failures_in_a_row = max(self.failures_in_a_row, in_a_row)
                 self.probes += 1
                 self.slowest_s = max(self.slowest_s, time.monotonic() - started)
                 self._stop.wait(max(0.0, self.period_s - (time.monotonic() - started)))
+
+    def _probe(self, stub: health_pb2_grpc.HealthStub) -> str | None:
+        """Why one probe failed (None: it answered SERVING in time)."""
+        started = time.monotonic()
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=self.service), timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            return f"{error.code().name} after {time.monotonic() - started:.2f} s"
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            return f"status {reply.status}"
+        return None
 
     def __enter__(self) -> HealthProbe:
         self._thread.start()
