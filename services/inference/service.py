@@ -128,7 +128,7 @@ class InferenceService:
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if listener is not None:
             app = build_openai_app(self.engine, tokenizer, self.config.name, self.ready, limits, text)
-            self.http = HttpServer(app, listener, **http_security(self.config.inference))
+            self.http = HttpServer(app, listener, **http_security(self.config))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)
         if not self.ready():
