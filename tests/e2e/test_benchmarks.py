@@ -77,6 +77,14 @@ def check_env_server(last: dict, result: subprocess.CompletedProcess) -> None:
     assert last["step_ratio_vs_direct"] == pytest.approx(last["env_server_step_ms"] / last["direct_step_ms"])
 
 
+def check_memory(last: dict, result: subprocess.CompletedProcess) -> None:
+    for name in ("env_server", "inference"):
+        mb = last[f"{name}_rss_mb"]
+        assert len(mb) == last["rounds"] and all(m > 0 for m in mb)
+        assert last[f"{name}_rss_ratio"] == pytest.approx(mb[-1] / mb[1])
+        assert last[f"{name}_growth_mb"] == pytest.approx(mb[-1] - mb[1])
+
+
 def check_trainer(last: dict, result: subprocess.CompletedProcess) -> None:
     assert last["ratio_vs_bare_loop"] > 0 and last["broadcast_ratio_vs_raw"] > 0
     assert last["broadcast_bytes"] > 0 and last["tokens_per_step"] > 0
@@ -152,6 +160,7 @@ def check_gpu(last: dict, result: subprocess.CompletedProcess) -> None:
 CHECKS: dict[str, Check] = {
     "inference": check_inference,
     "env-server": check_env_server,
+    "memory": check_memory,
     "trainer": check_trainer,
     "orchestrator": check_orchestrator,
     "async": check_async,
@@ -160,7 +169,7 @@ CHECKS: dict[str, Check] = {
     "gpu": check_gpu,
 }
 OPTIONS = {"gpu": ["--cpu"]}
-SLOW = {"inference", "env-server", "async", "stack", "verifiers"}
+SLOW = {"inference", "env-server", "memory", "async", "stack", "verifiers"}
 """Minutes each on this 2-core machine (make test-slow runs them)."""
 
 
