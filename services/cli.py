@@ -34,6 +34,10 @@ BENCHMARKS = {
         "rlrun.bench.async_overlap",
         "async (max_off_policy_steps=1) vs sync step time, against the bound",
     ),
+    "memory": (
+        "rlrun.bench.memory",
+        "env-server and inference memory after 20 rounds of steady load vs after round 2",
+    ),
     "stack": ("rlrun.bench.stack", "the rlrun local service stack vs the same RL loop in one process"),
     "verifiers": (
         "rlrun.bench.verifiers",

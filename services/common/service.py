@@ -19,6 +19,7 @@ from typing import TextIO
 from rlrun.common.config import ConfigError, RunConfig
 from rlrun.common.grpc_server import GrpcServer, ServerOptions, announce_ready
 from rlrun.common.logs import setup_logging
+from rlrun.common.memory import freeze_startup
 from rlrun.common.metrics import start_metrics_server, stop_metrics_server
 from rlrun.common.ports import CannotBind, cannot_bind
 
@@ -151,6 +152,7 @@ async def _serve(
             metrics_port = _start_metrics(args)
             log.info("metrics on http://%s:%d/metrics", args.host, metrics_port)
         cleanup = await setup(ctx)
+        freeze_startup()
         port = await server.start()
         if ctx.serving_on_start:
             server.set_serving(True)

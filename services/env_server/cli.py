@@ -82,7 +82,9 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
             raise
         for entry in entries:
             ctx.log.info("hosting env %s (%s), pool %s", entry.key, entry.id, entry.pool.model_dump())
-        servicer = EnvServicer(hosts, default_timeout_s=config.orchestrator.rollout_timeout_s)
+        servicer = EnvServicer(
+            hosts, default_timeout_s=config.orchestrator.rollout_timeout_s, limits=config.request_limits()
+        )
         env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, ctx.server.server)
         return cleanup
 

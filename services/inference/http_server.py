@@ -1,10 +1,14 @@
 """The OpenAI-compatible HTTP server of the inference service: rlrun.common.http_server's,
 inside the service's own asyncio loop (the gRPC server owns SIGTERM), with the API key.
 
-With an API key (`inference.api_key_file`) every request must carry `Authorization: Bearer
-<key>`, as vLLM's `--api-key` asks; /health and /metrics stay open, so that probes and scrapes
-need no credentials (they disclose no generations and change nothing). With a certificate and
-key (`inference.http_tls_cert` / `http_tls_key`) it serves HTTPS.
+One credential for every port of a service: the HTTP API asks for what the gRPC port asks
+for. Its key is `inference.api_key_file`, or else the service's gRPC bearer token
+(`grpc.auth_token_file`), so a service with a token never answers HTTP without a credential;
+every request must then carry `Authorization: Bearer <key>`, as vLLM's `--api-key` asks.
+/health and /metrics stay open, so that probes and scrapes need no credentials (they disclose
+no generations and change nothing). Its TLS pair is `inference.http_tls_cert` /
+`http_tls_key`, or else the gRPC port's (`grpc.tls.cert` / `key`): TLS on one port means TLS
+on the other.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlrun.common import http_server
+from rlrun.common.config import RunConfig
 from rlrun.common.grpc_server import read_token_file
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -67,13 +72,18 @@ class ApiKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def http_security(inference_config: Any) -> dict[str, Any]:
-    """HttpServer's keyword arguments from an `[inference]` config: the API key read from
-    `api_key_file`, and the TLS pair."""
+def http_security(config: RunConfig) -> dict[str, Any]:
+    """HttpServer's keyword arguments from a run file: the API key (`inference.api_key_file`,
+    else the gRPC token) and the TLS pair (the HTTP one, else the gRPC one)."""
+    inference, grpc = config.inference, config.grpc
+    if inference.http_tls_cert is not None:
+        tls_cert, tls_key = inference.http_tls_cert, inference.http_tls_key
+    else:
+        tls_cert, tls_key = grpc.tls.cert, grpc.tls.key
     return {
-        "api_key": read_token_file(inference_config.api_key_file),
-        "tls_cert": inference_config.http_tls_cert,
-        "tls_key": inference_config.http_tls_key,
+        "api_key": read_token_file(inference.api_key_file or grpc.auth_token_file),
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
     }
 
 

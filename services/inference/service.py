@@ -123,7 +123,8 @@ class InferenceService:
         await self.engine.start()
         tokenizer, info = load_with_info(self.config.model.tokenizer, self.config.model.path)
         text = TextPath(tokenizer, info)
-        servicer = InferenceServicer(self.engine, text, self._on_weights_applied, self.not_ready)
+        limits = self.config.request_limits()
+        servicer = InferenceServicer(self.engine, text, limits, self._on_weights_applied, self.not_ready)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, self.grpc_server.server)
         if listener is not None:
             app = build_openai_app(
@@ -131,10 +132,11 @@ class InferenceService:
                 tokenizer,
                 self.config.name,
                 self.ready,
+                limits,
                 text,
                 self.config.inference.tool_call_parser,
             )
-            self.http = HttpServer(app, listener, **http_security(self.config.inference))
+            self.http = HttpServer(app, listener, **http_security(self.config))
             await self.http.start()
             log.info("OpenAI-compatible HTTP on %s/v1", self.http.url)
         if not self.ready():

@@ -15,6 +15,7 @@ from rlrun.common.errors import grpc_errors
 from rlrun.common.weights.grpc_stream import LayoutCache, StreamBroken, receive_update
 from rlrun.common.wire import inference as wire
 from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.inference import metrics
 from rlrun.inference.engines.base import Engine, QueueFullError, check_version_order
 from rlrun.inference.text_path import TextPath
@@ -30,13 +31,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self,
         engine: Engine,
         text: TextPath,
+        limits: RequestLimits,
         on_weights_applied: Callable[[int], None] = lambda version: None,
         not_ready: Callable[[], str | None] = lambda: None,
     ):
         """`text`: the text-level RPCs, over the tokenizer the model was loaded with;
-        `not_ready()`: why this replica may not generate yet (None: it may)."""
+        `limits`: what one request may ask for; `not_ready()`: why this replica may not
+        generate yet (None: it may)."""
         self.engine = engine
         self.text = text
+        self.limits = limits
         self.on_weights_applied = on_weights_applied
         self.not_ready = not_ready
         # One update at a time: each holds a full copy of the weights while it assembles.
@@ -69,7 +73,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             request,
             vocab_size=engine.vocab_size,
             max_model_len=engine.max_model_len,
-            max_samples=engine.max_samples,
+            limits=self.limits,
         )
         completions = await self._generate(context, asked.prompt_token_ids, asked.sampling, asked.request_id)
         return wire.generate_response_to_proto(completions, len(asked.prompt_token_ids))
@@ -78,7 +82,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def GenerateChat(self, request, context):
         await self._admit(context)
         asked = wire.generate_chat_request_from_proto(
-            request, vocab_size=self.engine.vocab_size, max_samples=self.engine.max_samples
+            request, vocab_size=self.engine.vocab_size, limits=self.limits
         )
         rendered = self.text.render(asked.messages, add_generation_prompt=True)
         prompt = rendered.token_ids
@@ -90,16 +94,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     @grpc_errors
     async def RenderChat(self, request, context):
-        asked = wire.render_chat_request_from_proto(request)
+        asked = wire.render_chat_request_from_proto(request, self.limits)
         return wire.rendered_chat_to_proto(self.text.render(asked.messages, asked.add_generation_prompt))
 
     @grpc_errors
     async def Tokenize(self, request, context):
-        return wire.tokenize_response_to_proto(self.text.tokenize(wire.tokenize_request_from_proto(request)))
+        text = wire.tokenize_request_from_proto(request, self.limits)
+        return wire.tokenize_response_to_proto(self.text.tokenize(text))
 
     @grpc_errors
     async def Detokenize(self, request, context):
-        asked = wire.detokenize_request_from_proto(request)
+        asked = wire.detokenize_request_from_proto(request, self.engine.max_model_len)
         return wire.detokenize_response_to_proto(
             self.text.detokenize(asked.token_ids, asked.skip_special_tokens)
         )

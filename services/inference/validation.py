@@ -25,7 +25,7 @@ def check_generate(
     samples_field: str = "n",
 ) -> None:
     """A prompt that leaves room for at least one token, and sampling settings that fit the
-    context and the engine's queue (`Engine.max_samples`)."""
+    context and `max_samples` (limits.max_samples)."""
     check_token_ids(prompt, prompt_field, vocab_size, max_model_len - 1)
     params.validate(
         sampling_field,

@@ -7,6 +7,13 @@ the port it had (with backoff, up to `--max-restarts` times), and the services' 
 (the trainer's checkpoints, the orchestrator's resume, the replicas' re-sync) carries the run
 on. Ctrl-C (or SIGTERM) asks the orchestrator to stop after the current step with a
 checkpoint; a second one stops everything at once. The same command again resumes.
+
+No other process can drive the run: unless the run file names a token of its own
+(`grpc.auth_token_file`), each `rlrun local` writes a fresh bearer token into the run folder
+(`auth-token`, readable by its user alone) and hands it to every service, as Jupyter does on
+localhost; every gRPC call and every call to the OpenAI HTTP API must carry it, except health
+probes and metrics scrapes. A run with an external env-server (an env with `address`) gets
+none, since that server could not know it: the launcher says so, and how to set one.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -56,6 +64,8 @@ RUN_MARKER = RESOLVED_CONFIG
 """Written into every run folder: `--fresh` only deletes a folder that has it."""
 STOP_GRACE_S = 600.0
 """How long Ctrl-C waits for the current step and its checkpoint before stopping at once."""
+TOKEN_FILE = "auth-token"
+"""The run's bearer token in its run folder (when the run file names none)."""
 
 
 def child_env() -> dict[str, str]:
@@ -120,6 +130,44 @@ def clear_run_dir(run_dir: Path) -> None:
     print(f"rlrun local: --fresh: deleted the earlier run in {run_dir}", file=sys.stderr)
 
 
+def write_run_token(run_dir: Path) -> Path:
+    """A fresh bearer token for this `rlrun local`, in a file only its user may read."""
+    path = run_dir / TOKEN_FILE
+    path.unlink(missing_ok=True)  # a file that exists keeps its mode through O_CREAT
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def secure_run(config: RunConfig, overrides: list[str]) -> tuple[RunConfig, list[str]]:
+    """The run file and overrides with the run's token (`write_run_token`), unless it names
+    one or has an external env-server; says which, and how to use it."""
+    orch = config.orchestrator
+    if config.grpc.auth_token_file is not None:
+        token = config.grpc.auth_token_file
+    elif external := [env.key for env in (*orch.train.env, *orch.eval.env) if env.address]:
+        print(
+            f"rlrun local: the run's services ask for no token: its external env-server(s) "
+            f"({', '.join(external)}) could not know a generated one; set grpc.auth_token_file "
+            "and give the external server the same token to close them",
+            file=sys.stderr,
+        )
+        return config, overrides
+    else:
+        token = write_run_token(config.run_dir)
+        grpc = config.grpc.model_copy(update={"auth_token_file": token})
+        config = config.model_copy(update={"grpc": grpc})
+        overrides = [*overrides, f"grpc.auth_token_file={json.dumps(str(token))}"]
+    print(
+        f"rlrun local: every service asks for the run's token ({token}): gRPC metadata "
+        "'authorization: Bearer <token>' (grpc.auth_token_file; rlrun dashboard "
+        "--orchestrator-token-file), HTTP 'Authorization: Bearer <token>' (the OpenAI API key)",
+        file=sys.stderr,
+    )
+    return config, overrides
+
+
 class LocalRun:
     def __init__(self, config: RunConfig, config_path: Path, overrides: list[str], max_restarts: int = 5):
         self.config = config
@@ -157,7 +205,9 @@ class LocalRun:
         policy = self._start("inference", "inference", [], *(["--http-port", str(http)] if http else []))
         sets = set_option("inference.addresses", [policy.address])
         if http:
-            sets += set_option("inference.http_addresses", [f"http://127.0.0.1:{http}"])
+            url = f"http://127.0.0.1:{http}"
+            sets += set_option("inference.http_addresses", [url])
+            self._announce_openai(url)
         for key, target in cfg.orchestrator.models.items():
             if target.kind == "inference" and not target.addresses:
                 model_sets = set_option("model.path", target.checkpoint) if target.checkpoint else []
@@ -197,6 +247,16 @@ class LocalRun:
         ):
             return None
         return cfg.inference.http_port or _free_port()
+
+    def _announce_openai(self, url: str) -> None:
+        token = self.config.grpc.auth_token_file
+        how = (
+            f"; its API key is the run's token: OPENAI_API_KEY=$(cat {token}) rlrun eval "
+            f"{shlex.quote(str(self.config_path))} --endpoint {url}/v1 --api-key-env OPENAI_API_KEY"
+            if token is not None
+            else ""
+        )
+        print(f"rlrun local: OpenAI-compatible API {url}/v1{how}", file=sys.stderr)
 
     @staticmethod
     def _prioritise(trainer: Child) -> None:
@@ -376,16 +436,17 @@ def run_local(
     dashboard: bool = True,
 ) -> int:
     started = time.monotonic()
-    run = LocalRun(config, config_path, overrides, max_restarts)
     if fresh:
-        clear_run_dir(run.run_dir)
-    resuming = resume_message(run.run_dir)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / RUN_MARKER).write_text(config.model_dump_json(indent=2))
+        clear_run_dir(config.run_dir)
+    resuming = resume_message(config.run_dir)
+    config.run_dir.mkdir(parents=True, exist_ok=True)
     print(
-        f"rlrun local: {config.name} -> {run.run_dir} (command: rlrun local {shlex.quote(str(config_path))})",
+        f"rlrun local: {config.name} -> {config.run_dir} (command: rlrun local {shlex.quote(str(config_path))})",
         file=sys.stderr,
     )
+    config, overrides = secure_run(config, overrides)
+    run = LocalRun(config, config_path, overrides, max_restarts)
+    (run.run_dir / RUN_MARKER).write_text(config.model_dump_json(indent=2))
     if resuming:
         print(f"rlrun local: {resuming}", file=sys.stderr)
     if dashboard:

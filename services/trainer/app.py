@@ -68,6 +68,7 @@ def add_trainer_service(server: grpc.aio.Server, runtime: TrainerRuntime, config
         runtime,
         vocab_size=runtime.coordinator.learner.arch.vocab_size,
         micro_batch_tokens=config.trainer.micro_batch_tokens,
+        limits=config.request_limits(),
     )
     trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, server)
 

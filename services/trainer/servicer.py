@@ -11,6 +11,7 @@ import grpc
 
 from rlrun.common.errors import RequestError, grpc_errors
 from rlrun.common.wire import trainer as wire
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.training import TrainingBatch
 from rlrun.trainer.packing import count_channel_tokens
 from rlrun.trainer.runtime import NoCheckpoint, StepMismatch, TrainerRuntime
@@ -36,14 +37,19 @@ def check_trainable(batch: TrainingBatch, micro_batch_tokens: int, where: str = 
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, runtime: TrainerRuntime, vocab_size: int, micro_batch_tokens: int):
+    def __init__(
+        self, runtime: TrainerRuntime, vocab_size: int, micro_batch_tokens: int, limits: RequestLimits
+    ):
         self.runtime = runtime
         self.vocab_size = vocab_size
         self.micro_batch_tokens = micro_batch_tokens
+        self.limits = limits
 
     @grpc_errors
     async def SubmitBatch(self, request, context):
-        batch, orchestrator_state = wire.submit_request_from_proto(request, vocab_size=self.vocab_size)
+        batch, orchestrator_state = wire.submit_request_from_proto(
+            request, limits=self.limits, vocab_size=self.vocab_size
+        )
         check_trainable(batch, self.micro_batch_tokens)
         try:
             result = await self.runtime.submit(batch, orchestrator_state)

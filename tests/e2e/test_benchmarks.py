@@ -82,6 +82,14 @@ def check_env_server(last: dict, result: subprocess.CompletedProcess) -> None:
     assert last["step_ratio_vs_direct"] == pytest.approx(last["env_server_step_ms"] / last["direct_step_ms"])
 
 
+def check_memory(last: dict, result: subprocess.CompletedProcess) -> None:
+    for name in ("env_server", "inference"):
+        mb = last[f"{name}_rss_mb"]
+        assert len(mb) == last["rounds"] and all(m > 0 for m in mb)
+        assert last[f"{name}_rss_ratio"] == pytest.approx(mb[-1] / mb[1])
+        assert last[f"{name}_growth_mb"] == pytest.approx(mb[-1] - mb[1])
+
+
 def check_trainer(last: dict, result: subprocess.CompletedProcess) -> None:
     assert last["ratio_vs_bare_loop"] > 0 and last["broadcast_ratio_vs_raw"] > 0
     assert last["broadcast_bytes"] > 0 and last["tokens_per_step"] > 0
@@ -232,6 +240,7 @@ def check_operator_scale(last: dict, result: subprocess.CompletedProcess) -> Non
 CHECKS: dict[str, Check] = {
     "inference": check_inference,
     "env-server": check_env_server,
+    "memory": check_memory,
     "trainer": check_trainer,
     "orchestrator": check_orchestrator,
     "async": check_async,
@@ -243,7 +252,7 @@ CHECKS: dict[str, Check] = {
 OPTIONS = {"gpu": ["--cpu"]}
 ENV = {"operator-scale": {"RLRUN_K8S_TOOLS": str(TOOLS)}}
 """A fresh checkout has no `make k8s-tools` output: the bench uses this checkout's binaries."""
-SLOW = {"inference", "env-server", "async", "stack", "verifiers", "operator-scale"}
+SLOW = {"inference", "env-server", "memory", "async", "stack", "verifiers", "operator-scale"}
 """Minutes each on this 2-core machine (make test-slow runs them). operator-scale takes 1.5 min
 with its control plane; tests/operator/test_requests.py holds its request counts for one run
 in the default suite."""

@@ -78,11 +78,13 @@ class InferenceConfig(Section):
     """File holding the API key of the OpenAI-compatible HTTP server: every request must carry
     `Authorization: Bearer <key>` (as vLLM's `--api-key`), except /health and /metrics, which
     stay open to probes and scrapes. The operator sets it to the run's generated key (the
-    Secret `<run>-auth`, key `api-key`). Default: unset (no key)."""
+    Secret `<run>-auth`, key `api-key`). Default: unset, i.e. the gRPC bearer token
+    (`grpc.auth_token_file`) when there is one (one credential for every port), else no key."""
 
     http_tls_cert: Path | None = None
     """PEM certificate of the HTTP server; with `http_tls_key` it serves HTTPS. The operator
-    sets both from spec.secrets.tls. Default: unset (plain HTTP)."""
+    sets both from spec.secrets.tls. Default: unset, i.e. the gRPC port's (`grpc.tls.cert`)
+    when it has TLS (TLS on one port means TLS on the other), else plain HTTP."""
 
     http_tls_key: Path | None = None
     """PEM private key for `http_tls_cert`. Default: unset."""

@@ -13,6 +13,7 @@ from rlrun.common.config.base import Section
 from rlrun.common.config.deprecations import ConfigError, translate_deprecated
 from rlrun.common.config.grpc import GrpcConfig
 from rlrun.common.config.inference import InferenceConfig
+from rlrun.common.config.limits import LimitsConfig, RequestLimits, resolve_limits
 from rlrun.common.config.model import ModelConfig
 from rlrun.common.config.monitor import MonitorConfig
 from rlrun.common.config.orchestrator import OrchestratorConfig
@@ -50,6 +51,10 @@ class RunConfig(Section):
     monitor: MonitorConfig = MonitorConfig()
     """Experiment tracking (Weights & Biases, TensorBoard); off by default."""
 
+    limits: LimitsConfig = LimitsConfig()
+    """The most work one request may ask of a service; derived from the rest of the file
+    unless set."""
+
     @model_validator(mode="after")
     def _cross_sections(self) -> RunConfig:
         if self.trainer.broadcast.transport == "ipc" and self.inference.engine != "torch":
@@ -66,7 +71,17 @@ class RunConfig(Section):
                 f"orchestrator.train.sampling.max_completion_tokens ({longest}) must be below "
                 f"model.max_model_len ({self.model.max_model_len})"
             )
+        samples = self.limits.max_samples
+        if samples is not None and samples > self.inference.max_waiting:
+            raise ValueError(
+                f"limits.max_samples ({samples}) must be at most inference.max_waiting "
+                f"({self.inference.max_waiting}): the queue could never hold such a request"
+            )
         return self
+
+    def request_limits(self) -> RequestLimits:
+        """The limits, each unset one derived from the rest of the file (config/limits.py)."""
+        return resolve_limits(self)
 
     @property
     def run_dir(self) -> Path:

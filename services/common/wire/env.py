@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.common.wire import WireError
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.plan import (
     GenerationPlan,
     ModelEndpoint,
@@ -155,12 +156,13 @@ def _rollout_request(msg, vocab_sizes: Mapping[str, int]) -> RunGroupRequest:
 
 
 def run_group_request_from_proto(
-    msg: env_pb2.RunGroupRequest, vocab_sizes: Mapping[str, int] = {}
+    msg: env_pb2.RunGroupRequest, limits: RequestLimits, vocab_sizes: Mapping[str, int] = {}
 ) -> RunGroupRequest:
     """`vocab_sizes`: per hosted env, the vocabulary every stop token of its plans must lie in
-    (the server checks the env itself)."""
+    (the server checks the env itself); `n` within `limits.max_group_size`, checked first."""
     if msg.n <= 0:
         raise WireError("n", f"n must be positive, got {msg.n}")
+    limits.check("n", msg.n, "max_group_size", "rollouts")
     request = _rollout_request(msg, vocab_sizes)
     request.n = msg.n
     return request
@@ -346,7 +348,13 @@ def run_algorithms_request_to_proto(request: RunAlgorithmsRequest) -> env_pb2.Ru
     )
 
 
-def run_algorithms_request_from_proto(msg: env_pb2.RunAlgorithmsRequest) -> RunAlgorithmsRequest:
+def run_algorithms_request_from_proto(
+    msg: env_pb2.RunAlgorithmsRequest, limits: RequestLimits, members: Mapping[str, int] = {}
+) -> RunAlgorithmsRequest:
+    """One group's traces: at most `limits.max_group_size` per member (`members`: per hosted
+    env, how many it has; one for an env not listed), checked before any trace is read."""
+    per_member = -(-len(msg.traces) // members.get(msg.env_id, 1))
+    limits.check("traces", per_member, "max_group_size", "traces per member")
     args: dict[str, dict[str, Any]] = {}
     for algorithm_id, text in msg.algorithm_args.items():
         try:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from rlrun.common.tokenizer import ChatMessage
 from rlrun.common.wire import WireError
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.plan import TokenizerInfo, tokenizer_info_from_proto, tokenizer_info_to_proto
 from rlrun.common.wire.sampling import SamplingParams, sampling_from_proto, sampling_to_proto
 from rlrun.common.wire.weights import WeightSyncInfo, sync_info_from_proto, sync_info_to_proto
@@ -50,12 +51,17 @@ _FINISH_TO_PB: dict[FinishReason, inference_pb2.FinishReason] = {
 _FINISH_FROM_PB: dict[int, FinishReason] = {v: k for k, v in _FINISH_TO_PB.items()}
 
 
+def check_token_count(token_ids: Sequence[int], field: str, max_len: int) -> None:
+    """At most `max_len` ids (checked on the message too, before its ids are read)."""
+    if len(token_ids) > max_len:
+        raise WireError(field, f"{field} has {len(token_ids)} tokens; the context holds {max_len}")
+
+
 def check_token_ids(token_ids: Sequence[int], field: str, vocab_size: int, max_len: int) -> None:
     """Non-empty, every id in [0, vocab_size), at most `max_len` ids."""
     if len(token_ids) == 0:
         raise WireError(field, f"{field} must not be empty")
-    if len(token_ids) > max_len:
-        raise WireError(field, f"{field} has {len(token_ids)} tokens; the context holds {max_len}")
+    check_token_count(token_ids, field, max_len)
     for i, token in enumerate(token_ids):
         if not 0 <= token < vocab_size:
             raise WireError(
@@ -82,10 +88,11 @@ def generate_request_to_proto(request: GenerateRequest) -> inference_pb2.Generat
 
 
 def generate_request_from_proto(
-    msg: inference_pb2.GenerateRequest, *, vocab_size: int, max_model_len: int, max_samples: int | None
+    msg: inference_pb2.GenerateRequest, *, vocab_size: int, max_model_len: int, limits: RequestLimits
 ) -> GenerateRequest:
-    """A prompt that leaves room for one token and sampling that fits the context and the
-    engine's queue (`max_samples`)."""
+    """A prompt that leaves room for one token and sampling that fits the context and
+    `limits.max_samples`."""
+    check_token_count(msg.prompt_token_ids, "prompt_token_ids", max_model_len - 1)
     prompt = list(msg.prompt_token_ids)
     check_token_ids(prompt, "prompt_token_ids", vocab_size, max_model_len - 1)
     sampling = sampling_from_proto(
@@ -94,7 +101,7 @@ def generate_request_from_proto(
         vocab_size=vocab_size,
         max_model_len=max_model_len,
         prompt_len=len(prompt),
-        max_samples=max_samples,
+        max_samples=limits.max_samples,
     )
     return GenerateRequest(prompt, sampling, msg.request_id)
 
@@ -165,8 +172,14 @@ def chat_messages_to_proto(messages: Sequence[ChatMessage]) -> list[inference_pb
     return [inference_pb2.ChatMessage(role=m.role, content=m.content) for m in messages]
 
 
-def chat_messages_from_proto(msgs: Sequence[inference_pb2.ChatMessage]) -> list[ChatMessage]:
-    """Roles are the receiver's to check (it knows its chat format's)."""
+def chat_messages_from_proto(
+    msgs: Sequence[inference_pb2.ChatMessage], limits: RequestLimits
+) -> list[ChatMessage]:
+    """At most `limits.max_messages`, each of at most `limits.max_text_chars`; roles are the
+    receiver's to check (it knows its chat format's)."""
+    limits.check("messages", len(msgs), "max_messages", "messages")
+    for i, m in enumerate(msgs):
+        limits.check(f"messages[{i}].content", len(m.content), "max_text_chars", "characters")
     return [ChatMessage(m.role, m.content) for m in msgs]
 
 
@@ -176,8 +189,10 @@ class RenderChatRequest:
     add_generation_prompt: bool = False
 
 
-def render_chat_request_from_proto(msg: inference_pb2.RenderChatRequest) -> RenderChatRequest:
-    return RenderChatRequest(chat_messages_from_proto(msg.messages), msg.add_generation_prompt)
+def render_chat_request_from_proto(
+    msg: inference_pb2.RenderChatRequest, limits: RequestLimits
+) -> RenderChatRequest:
+    return RenderChatRequest(chat_messages_from_proto(msg.messages, limits), msg.add_generation_prompt)
 
 
 @dataclass
@@ -208,12 +223,15 @@ class GenerateChatRequest:
 
 
 def generate_chat_request_from_proto(
-    msg: inference_pb2.GenerateChatRequest, *, vocab_size: int, max_samples: int | None
+    msg: inference_pb2.GenerateChatRequest, *, vocab_size: int, limits: RequestLimits
 ) -> GenerateChatRequest:
-    """The sampling against the vocabulary and the queue; the context is checked once the
-    messages are rendered."""
-    sampling = sampling_from_proto(msg.sampling, "sampling", vocab_size=vocab_size, max_samples=max_samples)
-    return GenerateChatRequest(chat_messages_from_proto(msg.messages), sampling, msg.request_id)
+    """The messages and the sampling within `limits`, the sampling against the vocabulary;
+    the context is checked once the messages are rendered."""
+    messages = chat_messages_from_proto(msg.messages, limits)
+    sampling = sampling_from_proto(
+        msg.sampling, "sampling", vocab_size=vocab_size, max_samples=limits.max_samples
+    )
+    return GenerateChatRequest(messages, sampling, msg.request_id)
 
 
 @dataclass
@@ -235,7 +253,8 @@ def generate_chat_response_to_proto(
     )
 
 
-def tokenize_request_from_proto(msg: inference_pb2.TokenizeRequest) -> str:
+def tokenize_request_from_proto(msg: inference_pb2.TokenizeRequest, limits: RequestLimits) -> str:
+    limits.check("text", len(msg.text), "max_text_chars", "characters")
     return msg.text
 
 
@@ -249,7 +268,11 @@ class DetokenizeRequest:
     skip_special_tokens: bool = False
 
 
-def detokenize_request_from_proto(msg: inference_pb2.DetokenizeRequest) -> DetokenizeRequest:
+def detokenize_request_from_proto(
+    msg: inference_pb2.DetokenizeRequest, max_model_len: int
+) -> DetokenizeRequest:
+    """At most a context's worth of ids (no sequence of the model is longer)."""
+    check_token_count(msg.token_ids, "token_ids", max_model_len)
     return DetokenizeRequest(list(msg.token_ids), msg.skip_special_tokens)
 
 
@@ -300,6 +323,7 @@ def score_request_to_proto(request: ScoreRequest) -> inference_pb2.ScoreRequest:
 def score_request_from_proto(
     msg: inference_pb2.ScoreRequest, *, vocab_size: int, max_model_len: int
 ) -> ScoreRequest:
+    check_token_count(msg.token_ids, "token_ids", max_model_len)
     request = ScoreRequest(list(msg.token_ids), msg.start, msg.temperature)
     check_score(
         request.token_ids,

@@ -41,8 +41,8 @@ class SamplingParams:
         max_samples: int | None = None,
         samples_field: str = "n",
     ) -> None:
-        """`max_samples`: the most samples one request may ask for (an engine whose queue
-        holds at most that many could never take more, so retrying would not help);
+        """`max_samples`: the most samples one request may ask for (limits.max_samples, at
+        most what the engine's queue can hold, so that a retry would not help either);
         `samples_field`: the request's field that asked for them (OpenAI's `best_of` draws
         more samples than its `n`)."""
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -63,10 +63,16 @@ class SamplingParams:
         if max_samples is not None and self.n > max_samples:
             raise WireError(
                 f"{where}.{samples_field}",
-                f"{where}.{samples_field} = {self.n} is more samples than this server can ever queue "
-                f"({max_samples}, inference.max_waiting)",
+                f"{where}.{samples_field} = {self.n} samples exceed the limit limits.max_samples = "
+                f"{max_samples}",
             )
         if vocab_size is not None:
+            if len(self.stop_token_ids) > vocab_size:
+                raise WireError(
+                    f"{where}.stop_token_ids",
+                    f"{where}.stop_token_ids has {len(self.stop_token_ids)} entries, more than the "
+                    f"vocabulary's {vocab_size} tokens",
+                )
             for i, tok in enumerate(self.stop_token_ids):
                 if not 0 <= tok < vocab_size:
                     raise WireError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.training import EncodedSamples, batch_from_proto
 from rlrun.v1 import trainer_pb2
 
@@ -68,8 +69,12 @@ def submit_request_to_proto(request: SubmitBatch) -> trainer_pb2.SubmitBatchRequ
     return trainer_pb2.SubmitBatchRequest(batch=batch, orchestrator_state=request.orchestrator_state)
 
 
-def submit_request_from_proto(msg: trainer_pb2.SubmitBatchRequest, *, vocab_size: int | None = None):
-    """(the validated batch, the orchestrator state)."""
+def submit_request_from_proto(
+    msg: trainer_pb2.SubmitBatchRequest, *, limits: RequestLimits, vocab_size: int | None = None
+):
+    """(the validated batch, the orchestrator state); at most `limits.max_batch_samples`
+    samples, checked before any is read."""
+    limits.check("batch.samples", len(msg.batch.samples), "max_batch_samples", "samples")
     return batch_from_proto(msg.batch, "batch", vocab_size=vocab_size), msg.orchestrator_state
 
 

@@ -35,6 +35,12 @@ IN_FLIGHT = Gauge(
     metric_name(SERVICE, "in_flight", "rollouts"), "Rollouts running or waiting for a worker.", ["env"]
 )
 WORKERS = Gauge(metric_name(SERVICE, "pool", "workers"), "Worker processes of the env's pool.", ["env"])
+WORKER_ROLLOUTS = Gauge(
+    metric_name(SERVICE, "worker", "rollouts"),
+    "Rollouts on the env's worker processes: a job whose caller went away counts until its "
+    "worker has stopped it.",
+    ["env"],
+)
 CANCELLED = Counter(
     metric_name(SERVICE, "cancelled_rollouts", "total"),
     "Rollouts cancelled through Cancel or by the caller.",
@@ -47,3 +53,4 @@ def init_env(env: str) -> None:
     until its first increment, and a dashboard or alert on it sees no data)."""
     FAILED_ROLLOUTS.labels(env)
     CANCELLED.labels(env)
+    WORKER_ROLLOUTS.labels(env)

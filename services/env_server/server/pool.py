@@ -12,6 +12,11 @@ Workers are `spawn`ed processes; each talks to the pool over its own socket pair
 asyncio task (see rlrun.env_server.server.worker). The end of that stream is how the pool learns a
 worker is gone, and the end of the pool's side is how a worker learns the env-server is: no
 queue can be left with undrained items, so nothing hangs at exit.
+
+A job whose caller goes away (its deadline passed, or it cancelled the call) is abandoned: its
+worker stops it without writing traces. Its rollouts keep their place in the worker's capacity
+until the worker says it stopped; a worker that has not within ABANDON_GRACE_S (an env stuck
+in code that never awaits) is killed and replaced, so that no call's work outlives it by more.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
 from rlrun.common.config.env import PoolConfig
-from rlrun.env_server.server.metrics import WORKERS
+from rlrun.env_server.server.metrics import WORKER_ROLLOUTS, WORKERS
 from rlrun.env_server.server.rollout import RolloutJob
 from rlrun.env_server.server.worker import WorkerSpec, read_message, send_message, worker_main
 
@@ -33,6 +38,8 @@ log = logging.getLogger("rlrun.env_server.pool")
 
 GROWTH_THRESHOLD = 0.9
 STOP_GRACE_S = 10.0
+ABANDON_GRACE_S = 10.0
+"""How long a worker may take to stop an abandoned job before it is killed."""
 
 
 class WorkerLost(Exception):
@@ -209,6 +216,11 @@ class WorkerPool:
             worker.ready.set()
             worker.idle_since = time.monotonic()
             self._changed.set()
+        elif kind == "dropped":
+            self._release(worker, message[1])
+            abandoned = self._futures.pop(message[1], None)
+            if abandoned is not None:
+                abandoned.cancel()
         elif kind in ("done", "failed"):
             job_id = message[1]
             self._release(worker, job_id)
@@ -222,7 +234,9 @@ class WorkerPool:
             raise ValueError(f"unknown worker message {kind!r}")
 
     def _release(self, worker: _Worker, job_id: int) -> None:
-        worker.in_flight -= worker.jobs.pop(job_id, 0)
+        weight = worker.jobs.pop(job_id, 0)
+        worker.in_flight -= weight
+        WORKER_ROLLOUTS.labels(self.spec.env_key).dec(weight)
         if worker.in_flight == 0:
             worker.idle_since = time.monotonic()
         self._changed.set()
@@ -310,6 +324,7 @@ class WorkerPool:
         self._futures[job_id] = future
         worker.jobs[job_id] = weight
         worker.in_flight += weight
+        WORKER_ROLLOUTS.labels(self.spec.env_key).inc(weight)
         worker.send(("run", job_id, job, timeout_s))
         self._maybe_grow()
         cancel_wait = asyncio.ensure_future(cancelled.wait())
@@ -319,10 +334,28 @@ class WorkerPool:
                 worker.send(("cancel", job_id))
             return await future
         except asyncio.CancelledError:
-            worker.send(("cancel", job_id))  # the caller went away: free the worker's slot early
+            self._abandon(worker, job_id, future)
             raise
         finally:
             cancel_wait.cancel()
+
+    def _abandon(self, worker: _Worker, job_id: int, future: asyncio.Future) -> None:
+        """The caller went away: the worker stops the job without traces, or is killed."""
+        # Its outcome (traces that crossed the abandon, a lost worker) has nobody to read it.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        worker.send(("abandon", job_id))
+
+        def overdue() -> None:
+            if job_id in worker.jobs and not worker.gone.is_set():
+                log.warning(
+                    "env %s: worker %d did not stop an abandoned job within %.0f s; killing it",
+                    self.spec.env_key,
+                    worker.index,
+                    ABANDON_GRACE_S,
+                )
+                worker.process.kill()
+
+        asyncio.get_running_loop().call_later(ABANDON_GRACE_S, overdue)
 
     async def _shrink_when_idle(self) -> None:
         """Retires idle workers of an elastic pool (never below `num_workers`)."""

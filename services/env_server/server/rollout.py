@@ -168,12 +168,16 @@ def start_episodes(env: Environment, job: RolloutJob, runtime: Runtime) -> list[
 
 
 async def _drive(work: asyncio.Future, timeout_s: float, cancelled: asyncio.Event) -> str:
-    """Waits for `work`; returns `done`, `timeout` or `cancelled` (and then cancels `work`)."""
+    """Waits for `work`; returns `done`, `timeout` or `cancelled` (and then cancels `work`).
+    Cancelled itself (the job was abandoned), it cancels `work` too."""
     cancel_wait = asyncio.ensure_future(cancelled.wait())
     try:
         done, _ = await asyncio.wait(
             {work, cancel_wait}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
         )
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
     finally:
         cancel_wait.cancel()
     if work in done:

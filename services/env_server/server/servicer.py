@@ -1,7 +1,8 @@
 """The EnvService gRPC shell: request validation and conversion around the env hosts.
 
 Bad input (unknown env, split or algorithm, task index out of range, invalid plan or
-sampling, n <= 0, malformed traces) gets INVALID_ARGUMENT naming the field; a failed
+sampling, n <= 0 or above limits.max_group_size, malformed traces) gets INVALID_ARGUMENT
+naming the field, before any work starts; a failed
 rollout is a trace with `errors`; INTERNAL means a bug of this server.
 """
 
@@ -13,6 +14,7 @@ import grpc
 
 from rlrun.common.errors import RequestError, grpc_errors
 from rlrun.common.wire import env as wire
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.env_server.server.host import EnvHost
 from rlrun.env_server.server.rollout import RolloutJob
 from rlrun.v1 import env_pb2_grpc
@@ -26,11 +28,14 @@ MIN_MARGIN_S, MAX_MARGIN_S = 0.25, 5.0
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
-    def __init__(self, hosts: dict[str, EnvHost], default_timeout_s: float):
+    def __init__(self, hosts: dict[str, EnvHost], default_timeout_s: float, limits: RequestLimits):
         self.hosts = hosts
         self.default_timeout_s = default_timeout_s
+        self.limits = limits
         self.vocab_sizes = {key: host.vocab_size for key, host in hosts.items()}
         """Per hosted env, the vocabulary its plans' stop tokens must lie in."""
+        self.members = {key: max(1, len(host.env.members)) for key, host in hosts.items()}
+        """Per hosted env, its members (a group carries up to max_group_size traces of each)."""
 
     def _host(self, key: str, where: str) -> EnvHost:
         host = self.hosts.get(key)
@@ -66,14 +71,14 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     @grpc_errors
     async def RunGroup(self, request, context):
-        asked = wire.run_group_request_from_proto(request, self.vocab_sizes)
+        asked = wire.run_group_request_from_proto(request, self.limits, self.vocab_sizes)
         group_id = asked.group_id or uuid.uuid4().hex
         host, job = self._job(asked, [f"{group_id}/{i}" for i in range(asked.n)], group_id)
         return wire.run_group_response_to_proto(await host.run(job, self._timeout(context)))
 
     @grpc_errors
     async def RunAlgorithms(self, request, context):
-        asked = wire.run_algorithms_request_from_proto(request)
+        asked = wire.run_algorithms_request_from_proto(request, self.limits, self.members)
         host = self._host(asked.env_id, "env_id")
         host.check_algorithms(asked.algorithms)
         models = {m.name: list(m.addresses) for m in asked.models if m.addresses}

@@ -4,12 +4,19 @@ rollout jobs concurrently on one asyncio loop.
 A worker and its pool talk over a socket pair, with asyncio streams on both ends (no helper
 threads, so nothing waits on a thread to be scheduled): each message is a 4-byte length and a
 pickle of plain data (bytes and dataclasses, never tensors).
-  to the worker:   ("run", job_id, RolloutJob, timeout_s) | ("cancel", job_id) | ("stop",)
-  from the worker: ("ready",) | ("done", job_id, bytes) | ("failed", job_id, message) | ("bye",)
+  to the worker:   ("run", job_id, RolloutJob, timeout_s) | ("cancel", job_id)
+                   | ("abandon", job_id) | ("stop",)
+  from the worker: ("ready",) | ("done", job_id, bytes) | ("failed", job_id, message)
+                   | ("dropped", job_id) | ("bye",)
 `done` carries a serialized message whose field 1 is `repeated Trace traces`, the layout
-RunRolloutResponse and RunGroupResponse share, so the pool parses it as either. End of
-stream means the other side is gone: a dead worker is noticed at once, and a worker whose
-env-server died exits instead of lingering.
+RunRolloutResponse and RunGroupResponse share, so the pool parses it as either. `cancel`
+(the orchestrator's Cancel) ends a job early with cancelled traces; `abandon` (its caller went
+away: a deadline passed, or it cancelled the call) stops it without any, and `dropped` says
+the work has stopped. End of stream means the other side is gone: a dead worker is noticed at
+once, and a worker whose env-server died exits instead of lingering.
+
+Memory comes back: once a worker has no job left, it hands what its jobs used back to the
+kernel (`release_memory`), so a burst of rollouts does not leave its peak behind.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from rlrun.common.grpc_client import ClientOptions
 from rlrun.common.logs import setup_logging
+from rlrun.common.memory import freeze_startup, release_memory
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.common.wire.env import encode_traces
 from rlrun.env_server.envs.registry import make_env
@@ -101,15 +109,24 @@ class _Worker:
             traces = await run_rollouts(self.env, job, self.runtime, timeout_s, cancelled)
             payload = encode_traces(traces).data
             send_message(self.writer, ("done", job_id, payload))
+        except asyncio.CancelledError:
+            send_message(self.writer, ("dropped", job_id))
         except Exception as error:
             log.exception("job %d of env %s failed", job_id, job.env_key, extra={"split": job.task.split})
             send_message(self.writer, ("failed", job_id, f"{type(error).__name__}: {error}"))
         finally:
             self.jobs.pop(job_id, None)
+            if not self.jobs:
+                release_memory()
 
     def cancel(self, job_id: int) -> None:
         if job_id in self.jobs:
             self.jobs[job_id][1].set()
+
+    def abandon(self, job_id: int) -> None:
+        """Stops the job at its next await; nobody wants its traces."""
+        if job_id in self.jobs:
+            self.jobs[job_id][0].cancel()
 
     async def drain(self) -> None:
         """Cancels every job and waits until each has sent its (cancelled) traces."""
@@ -131,6 +148,7 @@ async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
         ),
         writer,
     )
+    freeze_startup()
     send_message(writer, ("ready",))
     try:
         while True:
@@ -141,6 +159,8 @@ async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
                 worker.start(*message[1:])
             elif message[0] == "cancel":
                 worker.cancel(message[1])
+            elif message[0] == "abandon":
+                worker.abandon(message[1])
             elif message[0] == "stop":
                 await worker.drain()
                 send_message(writer, ("bye",))

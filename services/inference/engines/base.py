@@ -53,10 +53,6 @@ class Engine(ABC):
     model_name: str
     vocab_size: int
     max_model_len: int
-    max_samples: int | None = None
-    """The most samples (`n`) one request may ask for: what the engine's waiting queue can
-    ever hold (`inference.max_waiting`); None: no such bound. A request for more is refused
-    as bad input, not as a full queue, since no retry could succeed."""
     structured_outputs: bool = False
     """Whether it follows the `json_schema` knob (the OpenAI API refuses it otherwise)."""
     on_dead: Callable[[Exception], None] | None = None

@@ -89,15 +89,12 @@ def check_update(tensors: Mapping[str, torch.Tensor], expected: dict[str, torch.
 class CoreClient(Engine):
     name = "torch"
 
-    def __init__(
-        self, *, model_name: str, vocab_size: int, max_model_len: int, max_waiting: int, device: torch.device
-    ):
+    def __init__(self, *, model_name: str, vocab_size: int, max_model_len: int, device: torch.device):
         self.model_name = model_name
         self.device = device
         """Where the core's parameters live."""
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.max_samples = max_waiting
         self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
         self._rids = itertools.count()
         self._version = 0

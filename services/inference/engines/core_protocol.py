@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rlrun.common.memory import release_memory
 from rlrun.common.weights.protocol import WeightSource
 from rlrun.common.wire.sampling import SamplingParams
 
@@ -152,10 +153,14 @@ def run(core: Core, channel: CoreChannel) -> None:
 
 def _serve(core: Core, channel: CoreChannel) -> None:
     flushed_at = 0.0
+    worked = False
     while True:
         idle = not core.has_work()
         if idle:
             _flush(core, channel)
+            if worked:
+                release_memory()  # a burst is over: its batches' memory goes back
+        worked = not idle
         for command in channel.receive(wait=idle):
             if isinstance(command, Stop):
                 core.abort_all()

@@ -71,7 +71,6 @@ class TorchEngine(CoreClient):
             model_name=model_name,
             vocab_size=model.config.vocab_size,
             max_model_len=max_model_len,
-            max_waiting=max_waiting,
             device=next(model.parameters()).device,
         )
         self.core = TorchEngineCore(

@@ -46,6 +46,7 @@ import torch
 
 from rlrun.common.config import RunConfig
 from rlrun.common.logs import setup_logging
+from rlrun.common.memory import freeze_startup
 from rlrun.common.service import limit_threads
 from rlrun.common.weights.collective import CollectiveSource
 from rlrun.common.weights.ipc import IpcSource
@@ -268,6 +269,7 @@ def _engine_process_main(config: RunConfig, sock: socket.socket) -> None:
         frames.send(_LoadFailed(_error_text(error)))
         raise
     specs = [(name, t.dtype, tuple(t.shape)) for name, t in core.tensors.items()]
+    freeze_startup()
     try:
         frames.send(_Ready(specs, core.model.config.vocab_size))
         run(core, _EngineProcessChannel(frames, specs, WeightReceiver(core.device)))
@@ -286,7 +288,6 @@ class TorchEngineProcess(CoreClient):
             model_name=config.name,
             vocab_size=0,
             max_model_len=config.model.max_model_len,
-            max_waiting=config.inference.max_waiting,
             device=torch.device(config.inference.device),
         )
         self.config = config

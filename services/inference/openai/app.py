@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.plan import TokenizerInfo
 from rlrun.inference.engines.base import Engine, QueueFullError
 from rlrun.inference.openai.protocol import (
@@ -42,19 +43,21 @@ def build_openai_app(
     tokenizer: Tokenizer,
     model_id: str,
     is_ready: Callable[[], bool],
+    limits: RequestLimits,
     text: TextPath | None = None,
     tool_call_parser: str = AUTO,
 ) -> FastAPI:
-    """`text`: the gRPC text path the token-in/token-out routes share (one over `tokenizer`
-    when not given); `tool_call_parser`: the format chat answers write tool calls in
-    (`inference.tool_call_parser`; `auto` reads the tokenizer's chat template)."""
+    """`limits`: what one request may ask for; `text`: the gRPC text path the token-in/token-out
+    routes share (one over `tokenizer` when not given); `tool_call_parser`: the format chat
+    answers write tool calls in (`inference.tool_call_parser`; `auto` reads the tokenizer's chat
+    template)."""
     app = FastAPI(title="rlrun inference", description="OpenAI-compatible API over the live policy.")
     parser = choose_parser(tool_call_parser, tokenizer.chat_template)
-    serving = OpenAIServing(engine, tokenizer, model_id, parser)
+    serving = OpenAIServing(engine, tokenizer, model_id, limits, parser)
     if text is None:
         info = TokenizerInfo(vocab_size=tokenizer.vocab_size, stop_token_ids=list(tokenizer.stop_token_ids))
         text = TextPath(tokenizer, info)
-    tokens = TokensServing(engine, text, model_id)
+    tokens = TokensServing(engine, text, model_id, limits)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:

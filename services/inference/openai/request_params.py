@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from rlrun.common.errors import RequestError
 from rlrun.common.tokenizer import Tokenizer
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.inference.engines.base import Engine
 from rlrun.inference.logits import Grammar, RequestFields, read_knobs
 from rlrun.inference.openai.prompts import PromptBuilder
@@ -40,6 +41,13 @@ def stop_strings(request: SamplingFields) -> list[str]:
         if not text:
             raise RequestError(f"stop[{i}]", f"stop[{i}] must not be empty")
     return strings
+
+
+def check_stop_size(stop: str | list[str] | None, limits: RequestLimits, field: str = "stop") -> None:
+    """All stop sequences together within `limits.max_text_chars` (each streamed text is
+    searched for every one of them)."""
+    strings = [stop] if isinstance(stop, str) else stop or []
+    limits.check(field, sum(len(text) for text in strings), "max_text_chars", "characters of stop sequences")
 
 
 def text_stop_strings(request: SamplingFields, tokenizer: Tokenizer) -> list[str]:
@@ -124,12 +132,15 @@ def generation_requests(
     engine: Engine,
     tokenizer: Tokenizer,
     grammars: GrammarCompiler,
+    limits: RequestLimits,
 ) -> list[tuple[list[int], GenerationParams]]:
-    """Each prompt of the request with its sampling settings, checked against the model."""
+    """Each prompt of the request with its sampling settings, checked against the model and
+    `limits` (before any text is encoded)."""
     body.check_fields()
+    check_stop_size(body.stop, limits)
     schema = request_schema(body, engine, grammars)
     requests = []
-    for field, prompt in build_prompts(body, tokenizer):
+    for field, prompt in build_prompts(body, tokenizer, limits):
         params = sampling_params(body, tokenizer, len(prompt), engine.max_model_len, max_tokens, schema)
         check_context(prompt, params.max_tokens, engine.max_model_len, field, body.max_tokens_field())
         check_generate(
@@ -137,7 +148,7 @@ def generation_requests(
             params,
             vocab_size=engine.vocab_size,
             max_model_len=engine.max_model_len,
-            max_samples=engine.max_samples,
+            max_samples=limits.max_samples,
             samples_field=body.samples_field(),
             prompt_field=field,
             sampling_field=BODY,

@@ -14,6 +14,7 @@ from typing import Any
 from rlrun.common.aio import all_or_nothing
 from rlrun.common.tokenizer import Tokenizer
 from rlrun.common.wire.inference import Completion, FinishReason, TopLogprobs
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.inference.batch_calls import primed_streams
 from rlrun.inference.engines.base import Engine
 from rlrun.inference.openai.prompts import PromptBuilder, chat_prompts, completion_prompts
@@ -45,12 +46,19 @@ class OpenAIServing:
     """/v1/models, /v1/completions (with `echo`) and /v1/chat/completions over `engine`."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Tokenizer, model_id: str, tool_parser: type[ToolCallParser]
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        model_id: str,
+        limits: RequestLimits,
+        tool_parser: type[ToolCallParser],
     ):
-        """`tool_parser`: the format the chat answers' tool calls are read in."""
+        """`limits`: what one request may ask for; `tool_parser`: the format the chat answers'
+        tool calls are read in."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_id = model_id
+        self.limits = limits
         self.tool_parser = tool_parser
         self.grammars = GrammarCompiler(lambda: tokenizer)
 
@@ -98,7 +106,7 @@ class OpenAIServing:
     def _requests(self, body, build_prompts: PromptBuilder, max_tokens: int | None) -> Requests:
         self.check_model(body.model)
         return generation_requests(
-            body, build_prompts, max_tokens, self.engine, self.tokenizer, self.grammars
+            body, build_prompts, max_tokens, self.engine, self.tokenizer, self.grammars, self.limits
         )
 
     async def _generated(self, body, requests: Requests, form: StreamFormat, full_body: Callable) -> Answer:

@@ -33,12 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlrun.common.errors import RequestError, describe_validation_error
 from rlrun.common.tokenizer import HFTokenizer, Tokenizer
-from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.inference import Completion, check_token_count
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.inference.engines.base import Engine
 from rlrun.inference.logits import RequestFields, read_knobs
 from rlrun.inference.openai.prompts import chat_prompts
 from rlrun.inference.openai.protocol import ChatCompletionRequest, ChatMessageIn, ModelNotFound, ToolIn
-from rlrun.inference.openai.request_params import check_context
+from rlrun.inference.openai.request_params import check_context, check_stop_size
 from rlrun.inference.openai.responses import usage
 from rlrun.inference.params import MAX_TOP_LOGPROBS, GenerationParams
 from rlrun.inference.text_path import TextPath
@@ -149,10 +150,11 @@ class DetokenizeRequest(BaseModel):
 
 
 class TokensServing:
-    def __init__(self, engine: Engine, text: TextPath, model_id: str):
+    def __init__(self, engine: Engine, text: TextPath, model_id: str, limits: RequestLimits):
         self.engine = engine
         self.text = text
         self.model_id = model_id
+        self.limits = limits
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -174,6 +176,7 @@ class TokensServing:
         max_len = self.engine.max_model_len
         max_tokens = sp.max_tokens if sp.max_tokens is not None else max_len - len(prompt)
         check_context(prompt, max_tokens, max_len, "token_ids", "sampling_params.max_tokens")
+        check_stop_size(sp.stop, self.limits, "sampling_params.stop")
         stops = list(sp.stop_token_ids or ())
         for i, stop in enumerate([sp.stop] if isinstance(sp.stop, str) else sp.stop or ()):
             ids = self.tokenizer.encode(stop)
@@ -202,7 +205,7 @@ class TokensServing:
             params,
             vocab_size=self.engine.vocab_size,
             max_model_len=max_len,
-            max_samples=self.engine.max_samples,
+            max_samples=self.limits.max_samples,
             prompt_field="token_ids",
             sampling_field="sampling_params",
             samples_field="sampling_params.n",
@@ -232,6 +235,7 @@ class TokensServing:
             ids = self._render(request)
         else:
             assert request.prompt is not None
+            self.limits.check("prompt", len(request.prompt), "max_text_chars", "characters")
             ids = self.text.tokenize(request.prompt)
             if request.add_special_tokens is not False and isinstance(self.tokenizer, HFTokenizer):
                 ids = self.tokenizer.hf_tokenizer.encode(request.prompt, add_special_tokens=True)
@@ -254,7 +258,7 @@ class TokensServing:
             chat = ChatCompletionRequest(messages=request.messages, tools=request.tools)
         except ValidationError as error:
             raise RequestError("messages", describe_validation_error(error)) from None
-        [(_, ids)] = chat_prompts(chat, self.tokenizer)
+        [(_, ids)] = chat_prompts(chat, self.tokenizer, self.limits)
         header = len(self.tokenizer.message_header("assistant"))
         ids = ids[:-header]  # chat_prompts always ends with the generation prompt
         if request.continue_final_message:
@@ -271,6 +275,7 @@ class TokensServing:
 
     def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
         self.check_model(request.model)
+        check_token_count(request.tokens, "tokens", self.engine.max_model_len)
         try:
             text = self.text.detokenize(request.tokens, skip_special_tokens=False)
         except RequestError as error:

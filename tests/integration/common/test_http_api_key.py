@@ -5,6 +5,7 @@ the app answers; /health and /metrics stay open without credentials."""
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import httpx
 import openai
@@ -13,11 +14,17 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from rlrun.common.config import RunConfig, load_config
 from rlrun.common.config.inference import InferenceConfig
 from rlrun.common.ports import listen_socket
 from rlrun.inference.http_server import HttpServer, http_security
 
 KEY = "sk-run-7f3a9c"
+REPO = Path(__file__).resolve().parents[3]
+
+
+def run_config(*overrides: str) -> RunConfig:
+    return load_config(REPO / "configs/reverse_text.toml", list(overrides))
 
 
 def _app() -> Starlette:
@@ -58,8 +65,7 @@ async def serve():
 async def test_the_openai_client_needs_the_api_key(serve, tmp_path):
     key_file = tmp_path / "api-key"
     key_file.write_text(KEY + "\n")
-    config = InferenceConfig.model_validate({"api_key_file": str(key_file)})
-    server = await serve(**http_security(config))
+    server = await serve(**http_security(run_config(f'inference.api_key_file="{key_file}"')))
     base = f"{server.url}/v1"
 
     with pytest.raises(openai.AuthenticationError) as refused:
@@ -79,8 +85,31 @@ async def test_the_openai_client_needs_the_api_key(serve, tmp_path):
     assert [m.id for m in (await client.models.list()).data] == ["policy"]
 
 
-async def test_without_a_key_file_the_endpoint_is_open(serve):
-    server = await serve(**http_security(InferenceConfig()))
+async def test_its_own_key_wins_over_the_grpc_token(serve, tmp_path):
+    (tmp_path / "api-key").write_text(KEY)
+    (tmp_path / "token").write_text("the-grpc-token")
+    config = run_config(
+        f'inference.api_key_file="{tmp_path / "api-key"}"', f'grpc.auth_token_file="{tmp_path / "token"}"'
+    )
+    server = await serve(**http_security(config))
+    with pytest.raises(openai.AuthenticationError):
+        await openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="the-grpc-token", max_retries=0
+        ).models.list()
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in (await client.models.list()).data] == ["policy"]
+
+
+async def test_tls_on_the_grpc_port_means_tls_on_the_http_port(serve, pki):
+    config = run_config(f'grpc.tls.cert="{pki.server_cert}"', f'grpc.tls.key="{pki.server_key}"')
+    server = await serve(**http_security(config))
+    assert server.url.startswith("https://")
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=pki.ca)) as http:
+        assert (await http.get(f"{server.url}/health")).status_code == 200
+
+
+async def test_without_any_credential_the_endpoint_is_open(serve):
+    server = await serve(**http_security(run_config()))
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="anything", max_retries=0)
     assert [m.id for m in (await client.models.list()).data] == ["policy"]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))  # importable here and in spawned pool workers
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "support"))  # the shared test helpers
 
 import env_test_support  # noqa: E402
 from env_test_servers import BUILTIN_ENVS, REPO, Server, serve_builtin, serve_external  # noqa: E402

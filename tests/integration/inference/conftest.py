@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from rlrun.v1 import inference_pb2_grpc
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests" / "support"))  # the shared test helpers
 
 
 def run_config(tmp_path: Path, *overrides: str) -> RunConfig:

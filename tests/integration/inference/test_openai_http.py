@@ -8,7 +8,7 @@ import pytest
 
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.inference import metrics
-from rlrun.v1 import inference_pb2
+from rlrun.v1 import inference_pb2, sampling_pb2
 
 from .conftest import REPO
 from .test_grpc_service import wait_for_status
@@ -79,11 +79,13 @@ async def test_bad_requests_get_openai_errors_naming_the_param(client):
     with pytest.raises(openai.BadRequestError) as caught:  # not a 429: it could never be queued
         await client.completions.create(model="reverse_text", prompt="abc", max_tokens=2, n=5000)
     assert caught.value.body["param"] == "n"
-    assert "inference.max_waiting" in caught.value.body["message"]
+    assert "limits.max_samples" in caught.value.body["message"]
     with pytest.raises(openai.BadRequestError) as caught:  # best_of draws the samples
         await client.completions.create(model="reverse_text", prompt="abc", max_tokens=2, n=2, best_of=5000)
     assert caught.value.body["param"] == "best_of"
-    assert caught.value.body["message"].startswith("best_of = 5000 is more samples")
+    assert caught.value.body["message"].startswith(
+        "best_of = 5000 samples exceed the limit limits.max_samples"
+    )
 
 
 async def test_logit_bias_and_penalties_are_honoured_or_refused_by_name(client):
@@ -289,8 +291,18 @@ async def test_a_bad_prompt_in_a_batch_is_named(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_batch_the_queue_cannot_hold_is_refused_whole(start_service, stream):
-    service = await start_service("inference.max_waiting=2")
+    # A batch within limits.max_samples (derived: at most the queue, 3) that a queue already
+    # holding one request has no room for.
+    service = await start_service("inference.max_waiting=3")
     await service.stub.Pause(inference_pb2.PauseRequest())  # nothing is admitted: all wait
+    holder = asyncio.ensure_future(
+        service.stub.Generate(
+            inference_pb2.GenerateRequest(
+                prompt_token_ids=[4, 5], sampling=sampling_pb2.SamplingParams(temperature=1.0, max_tokens=2)
+            )
+        )
+    )
+    await waiting(service, 1)
     async with openai.AsyncOpenAI(
         base_url=f"{service.http_url}/v1", api_key="unused", max_retries=0
     ) as client:
@@ -299,12 +311,19 @@ async def test_a_batch_the_queue_cannot_hold_is_refused_whole(start_service, str
                 model="reverse_text", prompt=["ab", "cd", "ef"], max_tokens=2, stream=stream
             )
     # The prompts that did fit in the queue left it with the refused one.
+    await waiting(service, 1)
+    holder.cancel()
+    await waiting(service, 0)
+
+
+async def waiting(service, count: int) -> None:
+    """Waits until `count` requests wait in the queue."""
     for _ in range(100):
         status = await service.stub.GetStatus(inference_pb2.GetInferenceStatusRequest())
-        if status.waiting_requests == 0:
-            break
+        if status.waiting_requests == count:
+            return
         await asyncio.sleep(0.05)
-    assert status.waiting_requests == 0
+    assert status.waiting_requests == count
 
 
 async def test_top_logprobs_list_the_most_likely_tokens_first(client):

@@ -13,6 +13,7 @@ import pytest
 from rlrun.common.hermes import tools_prompt
 from rlrun.common.tokenizer import load_tokenizer
 from rlrun.common.wire.inference import Completion
+from rlrun.common.wire.limits import RequestLimits
 from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.base import Engine, StreamDelta
 from rlrun.inference.openai.app import build_openai_app
@@ -33,6 +34,9 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
 MESSAGES = [{"role": "user", "content": "Weather and time in Paris?"}]
+LIMITS = RequestLimits(
+    max_group_size=8, max_samples=8, max_messages=64, max_text_chars=65536, max_batch_samples=64
+)
 
 
 class ScriptedEngine(Engine):
@@ -42,7 +46,6 @@ class ScriptedEngine(Engine):
     model_name = "scripted"
     vocab_size = TOKENIZER.vocab_size
     max_model_len = 4096
-    max_samples = 8
 
     def __init__(self, tokenizer=TOKENIZER, answer: str = ANSWER) -> None:
         self.prompts: list[list[int]] = []
@@ -97,7 +100,7 @@ async def openai_client(app) -> AsyncIterator[openai.AsyncOpenAI]:
 
 @pytest.fixture
 async def client(engine):
-    async with openai_client(build_openai_app(engine, TOKENIZER, "scripted", lambda: True)) as client:
+    async with openai_client(build_openai_app(engine, TOKENIZER, "scripted", lambda: True, LIMITS)) as client:
         yield client
 
 
@@ -207,7 +210,7 @@ class ConstrainingEngine(ScriptedEngine):
 @pytest.fixture
 async def constrained():
     engine = ConstrainingEngine()
-    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True)
+    app = build_openai_app(engine, TOKENIZER, "scripted", lambda: True, LIMITS)
     async with openai_client(app) as client:
         yield client, engine
 
@@ -299,7 +302,7 @@ async def test_auto_reads_the_calls_of_the_format_the_chat_template_teaches(
     real `openai` client gets the same content and calls whole and streamed."""
     tokenizer = template_tokenizer(name)
     engine = ScriptedEngine(tokenizer, answer)
-    app = build_openai_app(engine, tokenizer, "scripted", lambda: True)
+    app = build_openai_app(engine, tokenizer, "scripted", lambda: True, LIMITS)
     async with openai_client(app) as client:
         content, calls, reason = await chat(client, stream)
     assert calls == CALLS
@@ -318,7 +321,7 @@ async def test_a_named_parser_wins_over_the_template(template_tokenizer, stream)
         ("hermes", ANSWERS["hermes"][0], CALLS),
     ]:
         engine = ScriptedEngine(tokenizer, answer)
-        app = build_openai_app(engine, tokenizer, "scripted", lambda: True, tool_call_parser=parser)
+        app = build_openai_app(engine, tokenizer, "scripted", lambda: True, LIMITS, tool_call_parser=parser)
         async with openai_client(app) as client:
             content, calls, _ = await chat(client, stream)
         assert calls == expected, parser

@@ -23,7 +23,7 @@ from rlrun.inference.logits.base import token_mask
 from rlrun.inference.openai.app import build_openai_app
 from rlrun.inference.params import GenerationParams
 
-from .conftest import MAX_MODEL_LEN, REPO
+from .conftest import LIMITS, MAX_MODEL_LEN, REPO
 
 TOKENIZER = CharTokenizer.from_file(REPO / "configs/tokenizer/char")
 PROMPT = [5, 6, 7, 8]
@@ -81,7 +81,7 @@ async def client(model):
         model, model_name="tiny", max_model_len=MAX_MODEL_LEN, max_batch_size=8, max_waiting=64, seed=0
     )
     await engine.start()
-    app = build_openai_app(engine, TOKENIZER, "tiny", lambda: True)
+    app = build_openai_app(engine, TOKENIZER, "tiny", lambda: True, LIMITS)
     try:
         async with (
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tiny") as http,

@@ -19,7 +19,7 @@ from rlrun.inference.openai.tool_calls import split_tool_calls
 from rlrun.inference.openai.tool_parsers import ToolCall
 from rlrun.inference.openai.tool_parsers.hermes import HermesParser
 
-from .conftest import REPO
+from .conftest import LIMITS, REPO
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_chat_prompts_use_the_tokenizers_chat_rendering(tokenizer):
         + tokenizer.render_message("user", "ab")
         + tokenizer.message_header("assistant")
     )
-    assert chat_prompts(request, tokenizer) == [("messages", expected)]
+    assert chat_prompts(request, tokenizer, LIMITS) == [("messages", expected)]
 
 
 def test_stop_strings_become_stop_token_ids_with_the_end_token(tokenizer):
@@ -277,13 +277,15 @@ def test_an_alternative_truncated_away_reports_vllms_lowest_logprob_in_valid_jso
 
 
 def test_token_id_prompts_pass_through(tokenizer):
-    assert completion_prompts(CompletionRequest(prompt=[3, 4, 5]), tokenizer) == [("prompt", [3, 4, 5])]
+    assert completion_prompts(CompletionRequest(prompt=[3, 4, 5]), tokenizer, LIMITS) == [
+        ("prompt", [3, 4, 5])
+    ]
 
 
 def test_a_batch_of_prompts_names_each_one(tokenizer):
-    texts = completion_prompts(CompletionRequest(prompt=["ab", "c"]), tokenizer)
+    texts = completion_prompts(CompletionRequest(prompt=["ab", "c"]), tokenizer, LIMITS)
     assert texts == [("prompt[0]", tokenizer.encode("ab")), ("prompt[1]", tokenizer.encode("c"))]
-    ids = completion_prompts(CompletionRequest(prompt=[[3, 4], [5]]), tokenizer)
+    ids = completion_prompts(CompletionRequest(prompt=[[3, 4], [5]]), tokenizer, LIMITS)
     assert ids == [("prompt[0]", [3, 4]), ("prompt[1]", [5])]
 
 
@@ -382,7 +384,7 @@ def test_a_chat_field_that_would_be_ignored_is_refused_by_name(fields, param):
 def test_chat_content_that_cannot_be_rendered_is_refused_by_name(tokenizer, message, param):
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}, message])
     with pytest.raises(RequestError) as caught:
-        chat_prompts(request, tokenizer)
+        chat_prompts(request, tokenizer, LIMITS)
     assert caught.value.field == param
 
 
@@ -413,7 +415,7 @@ def test_tools_and_earlier_calls_are_rendered_in_the_hermes_format(tokenizer):
         ],
         tools=[WEATHER],
     )
-    [(_, prompt)] = chat_prompts(request, tokenizer)
+    [(_, prompt)] = chat_prompts(request, tokenizer, LIMITS)
     expected = (
         tokenizer.render_message("system", "be brief\n\n" + tools_prompt([WEATHER]))
         + tokenizer.render_message("user", "weather?")
@@ -518,7 +520,7 @@ def test_tool_choice_required_asks_for_an_array_of_calls_of_the_tools_offered(pa
 def test_a_constraint_that_cannot_be_kept_is_refused_by_field(tokenizer, fields, param):
     request = ChatCompletionRequest(**CHAT, **fields)
     with pytest.raises(RequestError) as caught:
-        chat_prompts(request, tokenizer)
+        chat_prompts(request, tokenizer, LIMITS)
         structured_output(request)
     assert caught.value.field == param
 

@@ -12,7 +12,7 @@ from rlrun.inference.openai.serving import OpenAIServing
 from rlrun.inference.openai.tool_parsers.hermes import HermesParser
 from rlrun.inference.params import GenerationParams
 
-from .conftest import REPO
+from .conftest import LIMITS, REPO
 
 TOKENIZER = CharTokenizer.from_file(REPO / "configs/tokenizer/char")
 MESSAGES = [{"role": "user", "content": "abc"}]
@@ -20,7 +20,7 @@ MESSAGES = [{"role": "user", "content": "abc"}]
 
 @pytest.fixture
 def serving(engine) -> OpenAIServing:
-    return OpenAIServing(engine, TOKENIZER, "tiny", HermesParser)
+    return OpenAIServing(engine, TOKENIZER, "tiny", LIMITS, HermesParser)
 
 
 async def test_a_greedy_completion_is_the_engines_greedy_text(serving, engine):

@@ -16,7 +16,9 @@ The entry's `args`:
   (default 16); 0: eval is the whole taskset, as train;
 - `max_tasks`: at most this many tasks are read from the taskset (default 100000);
 - `reference`: a task data field holding a reference answer, for the warm start's rule target;
-- `api_key_var`: the env var holding the HTTP API's key (default: none sent).
+- `api_key_var`: the env var holding the HTTP API's key (default: the env-server's own gRPC
+  token when it has one, which a service with a token also asks for on its HTTP API; else
+  none sent).
 
 verifiers is imported when a `vf:` env is built, never by the light install.
 """
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -203,11 +206,12 @@ class VerifiersEnv(Environment):
         if runtime.tokenizer_path is None:
             raise ValueError(f"vf:{self.env_name} needs the model's tokenizer folder for its renderer")
         base_url = target.model.http_addresses[0].rstrip("/")
-        model = self._models.get(base_url) or await _served_model(base_url, self.api_key_var)
+        key_var = self.api_key_var or _run_token_var(runtime)
+        model = self._models.get(base_url) or await _served_model(base_url, key_var)
         self._models[base_url] = model
         client = vf.TrainClientConfig(
             base_url=f"{base_url}/v1",
-            api_key_var=self.api_key_var or "RLRUN_VF_NO_KEY",
+            api_key_var=key_var or "RLRUN_VF_NO_KEY",
             renderer=DefaultRendererConfig(),
             renderer_model_name=_absolute(runtime.tokenizer_path),
         )
@@ -220,6 +224,19 @@ class VerifiersEnv(Environment):
             stack = contextlib.AsyncExitStack()
             await stack.enter_async_context(self.vf_env.serving())
             self._serving = stack
+
+
+RUN_TOKEN_VAR = "RLRUN_RUN_TOKEN"
+"""Where a worker puts its gRPC token for verifiers' client, which reads its key from an env var."""
+
+
+def _run_token_var(runtime: Runtime) -> str:
+    """The env var holding the env-server's gRPC token (set in this worker), "" without one."""
+    token = runtime.client.options.auth_token
+    if token is None:
+        return ""
+    os.environ[RUN_TOKEN_VAR] = token
+    return RUN_TOKEN_VAR
 
 
 def _absolute(path: Path) -> str:
@@ -240,8 +257,6 @@ def _sampling(vf: Any, target: PlanTarget) -> Any:
 
 async def _served_model(base_url: str, api_key_var: str) -> str:
     """The model id the HTTP API serves (GET /v1/models)."""
-    import os
-
     import httpx
 
     headers = {"Authorization": f"Bearer {os.environ[api_key_var]}"} if api_key_var else {}

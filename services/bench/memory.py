@@ -1,0 +1,84 @@
+"""`rlrun bench memory`: the env-server's and inference's resident memory under steady load.
+
+Both run as `rlrun serve` processes with the demo config (configs/reverse_text.toml). Each
+round sends 512 reverse-text rollouts, 64 RunGroup(n=8) calls with 32 in flight (256
+rollouts); after each round, once the services are idle, the resident memory of each
+service's process tree (its pool workers and engine process included) is read from /proc.
+Round 2 is the baseline (round 1 pays for what is built once: caches, imports, a grown
+pool); the ratio of the last round's memory to it is what each round keeps. The last stdout
+line is JSON: `env_server_rss_ratio`, `inference_rss_ratio` (last round / round 2), the
+growth in MB and the memory after every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+import grpc
+
+from rlrun.bench import emit_result, stage
+from rlrun.bench.env_server import CONFIG, ENV, GROUP_SIZE, Workload
+from rlrun.bench.procfs import tree_rss
+from rlrun.bench.services import start_service, stop_service
+from rlrun.v1 import env_pb2_grpc
+
+ROLLOUTS_PER_ROUND, IN_FLIGHT = 512, 256
+IDLE_S = 1.0
+"""Pause after a round before its memory is read: the workers release theirs once idle."""
+
+
+async def measure(rounds: int, log_dir: Path) -> dict:
+    inference, inference_address = await start_service("inference", CONFIG, log_dir)
+    env_server, env_address = await start_service("env-server", CONFIG, log_dir, "--env", ENV)
+    groups = ROLLOUTS_PER_ROUND // GROUP_SIZE
+    gate = asyncio.Semaphore(IN_FLIGHT // GROUP_SIZE)
+    env_mb, inference_mb = [], []
+    try:
+        work = Workload(inference_address)
+        async with grpc.aio.insecure_channel(env_address) as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+
+            async def group(idx: int) -> None:
+                async with gate:
+                    reply = await stub.RunGroup(work.group(idx), timeout=300)
+                errors = [e for t in reply.traces for e in t.errors]
+                if errors:
+                    raise RuntimeError(f"the env-server returned errors: {errors[0]}")
+
+            for r in range(rounds):
+                await asyncio.gather(*(group(r * groups + g) for g in range(groups)))
+                await asyncio.sleep(IDLE_S)
+                env_mb.append(tree_rss(env_server.pid) / 2**20)
+                inference_mb.append(tree_rss(inference.pid) / 2**20)
+                stage(f"round {r + 1}: env-server {env_mb[-1]:.1f} MB, inference {inference_mb[-1]:.1f} MB")
+    finally:
+        await stop_service(env_server)
+        await stop_service(inference)
+    return {
+        "rounds": rounds,
+        "rollouts_per_round": ROLLOUTS_PER_ROUND,
+        "in_flight": IN_FLIGHT,
+        "env_server_rss_ratio": env_mb[-1] / env_mb[1],
+        "inference_rss_ratio": inference_mb[-1] / inference_mb[1],
+        "env_server_growth_mb": env_mb[-1] - env_mb[1],
+        "inference_growth_mb": inference_mb[-1] - inference_mb[1],
+        "env_server_rss_mb": env_mb,
+        "inference_rss_mb": inference_mb,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    log_dir = Path(os.environ.get("RLRUN_BENCH_DIR", "outputs/bench-memory"))
+    result = asyncio.run(measure(6 if args.quick else 20, log_dir))
+    last = result["rounds"]
+    print(f"{result['rollouts_per_round']} rollouts per round, {result['in_flight']} in flight:")
+    for name in ("env_server", "inference"):
+        mb = result[f"{name}_rss_mb"]
+        print(
+            f"  {name.replace('_', '-'):10s} round 2 {mb[1]:7.1f} MB, round {last} {mb[-1]:7.1f} MB: "
+            f"{result[f'{name}_rss_ratio']:.4f}x ({result[f'{name}_growth_mb']:+.1f} MB)"
+        )
+    return emit_result(result, args)
