@@ -90,7 +90,22 @@ WRITE_ONLY_KINDS = (("v1", "Secret"),)
 """Kinds applied without reading them first (see rlrun.operator.kube.apply_objects)."""
 
 ConfigPath = tuple[str, ...]
-_SHARED_READS: tuple[ConfigPath, ...] = (("name",), ("output_dir",), ("log_level",), ("model",), ("grpc",))
+_SHARED_READS: tuple[ConfigPath, ...] = (
+    ("name",),
+    ("output_dir",),
+    ("log_level",),
+    ("model",),
+    ("grpc",),
+    # Every service bounds its requests by [limits], whose defaults derive from these
+    # (rlrun.common.config.limits.resolve_limits).
+    ("limits",),
+    ("orchestrator", "group_size"),
+    ("orchestrator", "batch_size"),
+    ("orchestrator", "eval"),
+    ("orchestrator", "warm_start"),
+    ("inference", "max_waiting"),
+    ("inference", "max_batch_size"),
+)
 CONFIG_READS: dict[str, tuple[ConfigPath, ...]] = {
     INFERENCE: (*_SHARED_READS, ("inference",), ("trainer", "address")),
     MODEL_SERVER: (*_SHARED_READS, ("inference",), ("trainer", "address")),

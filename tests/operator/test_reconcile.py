@@ -560,7 +560,9 @@ def rolled(before: dict, after: dict) -> set[str]:
     [
         ({"trainer__lr": 1e-5}, {TRAINER}),
         ({"trainer__checkpoint__interval": 5}, {TRAINER}),
-        ({"inference__max_batch_size": 7}, {INFERENCE}),
+        ({"inference__num_threads": 2}, {INFERENCE}),
+        # [limits]' defaults derive from it, and every service bounds its requests by them.
+        ({"inference__max_batch_size": 7}, {INFERENCE, ENV_SERVER, ORCHESTRATOR, TRAINER}),
         ({"orchestrator__max_steps": 11}, {ORCHESTRATOR, TRAINER}),
         ({"orchestrator__train__sampling__temperature": 0.5}, {ORCHESTRATOR, ENV_SERVER}),
         ({"model__max_model_len": 64}, {INFERENCE, ENV_SERVER, ORCHESTRATOR, TRAINER}),
@@ -600,7 +602,7 @@ def test_scaling_inference_restarts_nothing_and_rewrites_only_the_addresses():
 def test_a_model_server_rolls_with_inference_settings_only():
     models = '[orchestrator.models.reference]\ncheckpoint = "/data/ref"\n'
     base = desired_state(make_run(config=BASE_CONFIG + models))
-    batch = desired_state(make_run(config=BASE_CONFIG + models + "[inference]\nmax_batch_size = 7\n"))
+    batch = desired_state(make_run(config=BASE_CONFIG + models + "[inference]\nnum_threads = 2\n"))
     lr = desired_state(make_run(config=BASE_CONFIG + models + "[trainer]\nlr = 1e-5\n"))
     assert rolled(base, batch) == {INFERENCE, MODEL_SERVER}
     assert rolled(base, lr) == {TRAINER}
@@ -717,17 +719,18 @@ def test_every_child_name_fits_its_limit_and_stays_unique_and_stable():
     """A 40-character run with a 20-character env-server: `<run>-env-<server>` would be 65
     characters, which no Service may be; it is cut and hashed."""
     long_run, server = "r" * 40, "e" * 20
-    config = BASE_CONFIG + '[[orchestrator.train.env]]\nid = "other"\n'
+    config = BASE_CONFIG + '[[orchestrator.train.env]]\nid = "arithmetic"\n'
     spec = {
         "envServers": [
             {"name": server, "envs": ["reverse-text"]},
-            {"name": "e" * 19 + "f", "envs": ["other"]},
+            {"name": "e" * 19 + "f", "envs": ["arithmetic"]},
         ],
         "inference": {"replicas": 12},
         "trainer": {"nodes": 3},
         "storage": {"size": "1Gi", "accessModes": ["ReadWriteMany"]},
     }
     state = desired_state(make_run(name=long_run, config=config, **spec))
+    assert state.error is None, state.error  # the run renders (its env ids are real)
     names = [(o["kind"], o["metadata"]["name"]) for o in state.objects]
     assert len(set(names)) == len(names)
     for kind, name in names:

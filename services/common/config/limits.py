@@ -54,9 +54,13 @@ class LimitsConfig(Section):
 
 
 def resolve_limits(config: RunConfig) -> RequestLimits:
-    orch = config.orchestrator
-    largest_group = max(orch.group_size, orch.eval.pass_k)
-    largest_batch = max(orch.batch_size * orch.group_size, orch.warm_start.batch_size)
+    # Each key read by its full path: the operator hashes exactly these into every pod template
+    # (rlrun.operator.builder.CONFIG_READS; tests/operator/test_reconcile.py scans for them).
+    largest_group = max(config.orchestrator.group_size, config.orchestrator.eval.pass_k)
+    largest_batch = max(
+        config.orchestrator.batch_size * config.orchestrator.group_size,
+        config.orchestrator.warm_start.batch_size,
+    )
     set_ = config.limits
     derived_samples = min(
         config.inference.max_waiting, LIMIT_MARGIN * max(largest_group, config.inference.max_batch_size)
