@@ -10,6 +10,7 @@ back, measured on the server's side, not on the client's clock.
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,28 +46,40 @@ def sample_tree(pid: int) -> Sample:
     return Sample(time.monotonic(), sum(rss_bytes(p) for p in pids), {p: cpu_seconds(p) for p in pids})
 
 
-class TreeSampler:
-    """Samples a process tree every `interval_s` in a thread (`with TreeSampler(pid) as s:`)."""
+class _InThread(abc.ABC):
+    """Runs `_run` in a daemon thread for the length of a `with` block; `_run` loops until
+    `_stop` is set."""
 
-    def __init__(self, pid: int, interval_s: float = 0.1):
-        self.pid = pid
-        self.interval_s = interval_s
-        self.samples: list[Sample] = []
+    def _start_thread(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(sample_tree(self.pid))
-            self._stop.wait(self.interval_s)
+        """The watcher's own loop."""
 
-    def __enter__(self) -> TreeSampler:
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class TreeSampler(_InThread):
+    """Samples a process tree every `interval_s` in a thread (`with TreeSampler(pid) as s:`)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1):
+        self.pid = pid
+        self.interval_s = interval_s
+        self.samples: list[Sample] = []
+        self._start_thread()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(sample_tree(self.pid))
+            self._stop.wait(self.interval_s)
 
     def peak_rss(self, since: float = 0.0) -> int:
         return max((s.rss for s in self.samples if s.at >= since), default=0)
@@ -111,7 +124,7 @@ class TreeSampler:
 
 
 @dataclass
-class HealthProbe:
+class HealthProbe(_InThread):
     """grpc.health.v1 Check every `period_s` with a deadline of `timeout_s` (a kubelet's
     probe), in a thread; `failures` holds each probe that did not answer SERVING in time."""
 
@@ -127,8 +140,7 @@ class HealthProbe:
     `failureThreshold` (3 by default) of them."""
 
     def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._start_thread()
 
     def _run(self) -> None:
         with grpc.insecure_channel(self.address) as channel:
@@ -155,11 +167,3 @@ class HealthProbe:
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             return f"status {reply.status}"
         return None
-
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()

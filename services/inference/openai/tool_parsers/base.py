@@ -19,6 +19,7 @@ The formats come in two shapes:
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import uuid
@@ -164,7 +165,7 @@ def partial_length(text: str, marker: str) -> int:
 Settled = list[str | ToolCall]
 
 
-class ToolCallParser:
+class ToolCallParser(abc.ABC):
     """One answer's text, as it grows, split into content and calls. Held back until more text
     settles it: whatever may still become a call, and trailing whitespace (dropped where a call
     or, after calls, the end follows: the format's line breaks, not the answer)."""
@@ -182,11 +183,13 @@ class ToolCallParser:
         self.calls = 0
         self._space = ""
 
+    @abc.abstractmethod
     def push(self, text: str) -> Settled:
-        raise NotImplementedError
+        """The content and calls that `text`, appended to what came before, settles."""
 
+    @abc.abstractmethod
     def finish(self) -> Settled:
-        raise NotImplementedError
+        """What is still held back, settled: the answer has ended."""
 
     def _content(self, settled: Settled, text: str) -> None:
         combined = self._space + text
