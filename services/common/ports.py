@@ -16,9 +16,14 @@ class CannotBind(RuntimeError):
 
 
 def why_unbindable(host: str, port: int) -> str | None:
-    """Why `host:port` cannot be bound now (e.g. `address already in use`), or None."""
+    """Why `host:port` cannot be bound now (e.g. `address already in use`), or None.
+
+    Asked with SO_REUSEADDR, as every server here binds (gRPC, `listen_socket`): a service
+    killed by SIGKILL leaves its connections in TIME_WAIT on its port for a minute, which a
+    plain bind refuses and the real one does not, so that its restart would be refused."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as error:
