@@ -152,6 +152,10 @@ def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
     async def lines():
         async for chunk in chunks:
             yield f"data: {json.dumps(chunk)}\n\n"
+            # A turn of the loop per chunk: with deltas queued, neither the engine's queue nor
+            # an unpaused send suspends, so a batch of many choices (a chunk each) would hold
+            # the loop until it is sent, and the health service and the disconnect watch wait.
+            await asyncio.sleep(0)
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(lines(), media_type="text/event-stream")
