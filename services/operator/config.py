@@ -195,6 +195,18 @@ def _check(config: RunConfig, where: str) -> None:
         raise ConfigError(f"{where}: {error.path}", error.message) from None
 
 
+def _check_context_parallel(spec: RLRunSpec, config: RunConfig, where: str) -> None:
+    """The trainer's ranks split into context groups of trainer.context_parallel; the
+    trainer refuses to start otherwise, so the render refuses first."""
+    size, ranks = config.trainer.context_parallel, spec.trainer.ranks
+    if ranks % size:
+        raise ConfigError(
+            f"{where}.trainer.context_parallel",
+            f"{size} does not divide the trainer's {ranks} rank(s) "
+            f"(spec.trainer.nodes = {spec.trainer.nodes}, gpus_per_node = {spec.trainer.gpus_per_node})",
+        )
+
+
 def _refuse_hub_id(config: RunConfig, where: str) -> None:
     """One meaning of a Hub model in the cluster: spec.model.huggingFace downloads it once per
     run into a volume every pod that loads it mounts (the light images carry no huggingface_hub,
@@ -352,6 +364,7 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
     raw = _user_config(spec, where)
     config, warnings = _validate(raw, where)
     _check(config, where)
+    _check_context_parallel(spec, config, where)
     translate_deprecated(raw)  # canonical spellings from here on (warnings already collected)
     external, managed = plan_env_servers(spec, config)
     model_servers = [
