@@ -132,7 +132,10 @@ class RingAttention:
             raise ValueError(f"{total} tokens do not split into {self.size} chunks (pad them first)")
         chunk = total // self.size
         sample = torch.cat(
-            [torch.full((end - start,), i, dtype=torch.int64) for i, (start, end) in enumerate(pairwise(offsets))]
+            [
+                torch.full((end - start,), i, dtype=torch.int64)
+                for i, (start, end) in enumerate(pairwise(offsets))
+            ]
         ).to(device)
         index = torch.arange(total, device=device)
         mine = slice(self.rank * chunk, (self.rank + 1) * chunk)
@@ -161,6 +164,9 @@ class RingAttention:
             block_out, block_lse = attend(kv, (self.rank - hop) % self.size)
             # The online softmax: both parts rescaled to the merged normaliser.
             merged = torch.logaddexp(lse, block_lse)
-            out = out * torch.exp(lse - merged)[..., None] + block_out * torch.exp(block_lse - merged)[..., None]
+            out = (
+                out * torch.exp(lse - merged)[..., None]
+                + block_out * torch.exp(block_lse - merged)[..., None]
+            )
             lse = merged
         return out.transpose(0, 1).to(q.dtype)

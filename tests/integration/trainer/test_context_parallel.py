@@ -103,11 +103,11 @@ def test_two_context_ranks_give_the_loss_and_gradients_of_one_process(case, tmp_
     assert max(lengths) > CAPACITY // 2, "one sample must be longer than one rank holds"
     batch = batch_of(lengths, VOCAB)
     trainer = {"micro_batch_tokens": CAPACITY, "parallel": parallel}
-    single = build_learner(
-        synthetic_config(tmp_path, model=model, trainer=trainer), Parallelism.single()
-    )
+    single = build_learner(synthetic_config(tmp_path, model=model, trainer=trainer), Parallelism.single())
     counts = count_channel_tokens(batch.samples)
-    expected_loss = summarize(single.accumulate(single.plan(batch), counts), counts.rl, counts.ce, counts.trained)
+    expected_loss = summarize(
+        single.accumulate(single.plan(batch), counts), counts.rl, counts.ce, counts.trained
+    )
     expected = {name: param.grad for name, param in single.model.named_parameters()}
 
     config = synthetic_config(tmp_path, model=model, trainer={**trainer, "context_parallel": 2})
