@@ -1,6 +1,6 @@
 """Context parallelism: two CPU ranks over gloo, each holding half of every packed sequence
 and attending by ring attention, give the loss and every parameter gradient of one process
-attending to the whole sequence."""
+attending to the whole sequence (and so do four, two context groups sharing the batch)."""
 
 from __future__ import annotations
 
@@ -62,23 +62,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_context_group(tmp_path: Path, config, batch: TrainingBatch) -> dict:
+def run_ranks(tmp_path: Path, world_size: int, config, batch: TrainingBatch) -> dict:
+    """`world_size` ranks of the rank script; rank 0's result."""
     job, result = tmp_path / "job.pt", tmp_path / "result.pt"
     torch.save((config, batch), job)
-    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size)}
     ranks = [
         subprocess.Popen(
             [sys.executable, str(RANK_SCRIPT), str(job), str(result)],
             env={**os.environ, **world, "RANK": str(rank), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"},
         )
-        for rank in range(2)
+        for rank in range(world_size)
     ]
     try:
-        codes = [rank.wait(timeout=120) for rank in ranks]
+        codes = [rank.wait(timeout=240) for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()
-    assert codes == [0, 0]
+    assert codes == [0] * world_size
     return torch.load(result)
 
 
@@ -86,17 +87,22 @@ def run_context_group(tmp_path: Path, config, batch: TrainingBatch) -> dict:
 # (gpt2) tokens, padded to 96, where the longest sample spans both ranks' halves and several
 # samples share one. Llama with two query heads per K/V head (the ring passes grouped K/V) and
 # rotary positions; GPT-2 (at most 64 positions) with learned ones; the char tokenizer's 102
-# tokens need a vocabulary of 128.
+# tokens need a vocabulary of 128. Four ranks are two context groups of two, each training one
+# of the micro-batches (data parallelism across the groups; slow: four processes).
+LLAMA_GQA = {"name": "tiny-d64", "num_key_value_heads": 2}
 CASES = {
-    "fsdp-llama-gqa": ("fsdp", {"name": "tiny-d64", "num_key_value_heads": 2}, [70, 20, 5, 60, 33]),
-    "ddp-gpt2": ("ddp", {"name": "tiny-gpt2-d64", "vocab_size": 128}, [50, 30, 9, 40, 35]),
+    "fsdp-llama-gqa": ("fsdp", LLAMA_GQA, [70, 20, 5, 60, 33], 2),
+    "ddp-gpt2": ("ddp", {"name": "tiny-gpt2-d64", "vocab_size": 128}, [50, 30, 9, 40, 35], 2),
+    "fsdp-llama-gqa-two-groups": ("fsdp", LLAMA_GQA, [70, 20, 5, 60, 33], 4),
 }
 VOCAB = 128
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_context_ranks_give_the_loss_and_gradients_of_one_process(case, tmp_path):
-    parallel, arch, lengths = CASES[case]
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if CASES[case][3] > 2 else []) for case in CASES]
+)
+def test_context_parallel_ranks_give_the_loss_and_gradients_of_one_process(case, tmp_path):
+    parallel, arch, lengths, world_size = CASES[case]
     model = variant(tmp_path, **arch)
     bins = pack_first_fit_decreasing(lengths, CAPACITY)
     assert len(bins) == 2 and all(sum(lengths[i] for i in b) > CAPACITY // 2 for b in bins)
@@ -111,7 +117,7 @@ def test_two_context_ranks_give_the_loss_and_gradients_of_one_process(case, tmp_
     expected = {name: param.grad for name, param in single.model.named_parameters()}
 
     config = synthetic_config(tmp_path, model=model, trainer={**trainer, "context_parallel": 2})
-    got = run_context_group(tmp_path, config, batch)
+    got = run_ranks(tmp_path, world_size, config, batch)
 
     assert got["loss"] == pytest.approx(expected_loss["loss"], rel=1e-5)
     assert got["grads"].keys() == expected.keys()
