@@ -15,11 +15,14 @@ the forward is differentiable ops throughout and autograd writes the ring backwa
 gradient of a key chunk flows back, hop by hop, to the rank that computed it. Every rank of
 the group runs the same layers and shifts in the same order, which is all P2P needs.
 
+A block (this rank's queries against one chunk) is eager math in float32, recomputed in the
+backward pass rather than kept: a layer keeps every chunk's K/V and its output and
+log-sum-exp, and one block's [heads, T/N, T/N] scores exist at a time.
+
 Limits: chunks are contiguous, so under the causal mask the last rank does the most work (no
-zigzag balancing), and every block is computed, masked or not; the block attention is eager
-math in float32 (no fused kernel: a rank keeps its [heads, T/N, T] probabilities for the
-backward pass, 1/N of what eager full attention keeps), and each rank holds every chunk's
-K/V of a layer until the backward pass.
+zigzag balancing), and every block is computed, masked or not; no fused attention kernel (a
+block costs eager attention's memory while it runs, and its forward twice); the shifts are
+not overlapped with the blocks.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from rlrun.common.model.attention import expand_kv
 from rlrun.trainer.packing import PackedMicroBatch
@@ -110,13 +114,15 @@ def ring_shift(tensor: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def _block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+    queries: torch.Tensor, kv: torch.Tensor, visible: torch.Tensor, scale: float, groups: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of queries [H, Tq, D] to one chunk's keys and values [H, Tk, D] under
-    `visible` [Tq, Tk]: the chunk-normalised output [H, Tq, D] and its log-sum-exp [H, Tq]."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).masked_fill(~visible, MASKED)
+    """Attention of float32 queries [H, Tq, D] to one chunk's stacked keys and values
+    [2, Tk, KV, D] under `visible` [Tq, Tk]: the chunk-normalised output [H, Tq, D] and its
+    log-sum-exp [H, Tq]."""
+    keys, values = (expand_kv(x.float().transpose(0, 1), groups) for x in kv)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(scale).masked_fill(~visible, MASKED)
     lse = torch.logsumexp(scores, dim=-1)
-    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+    return torch.matmul(torch.exp(scores - lse[..., None]), values), lse
 
 
 class RingAttention:
@@ -155,8 +161,9 @@ class RingAttention:
         kv = torch.stack([k, v])  # one tensor, one shift per hop: [2, Tc, KV, D]
 
         def attend(kv: torch.Tensor, source: int) -> tuple[torch.Tensor, torch.Tensor]:
-            keys, values = (expand_kv(x.float().transpose(0, 1), groups) for x in kv)
-            return _block(queries, keys, values, self.visible[source], scale)
+            # Recomputed in the backward pass (as a flash kernel does), so a layer keeps its
+            # chunks' K/V for it, not [H, Tc, Tc] scores and probabilities per chunk.
+            return checkpoint(_block, queries, kv, self.visible[source], scale, groups, use_reentrant=False)
 
         out, lse = attend(kv, self.rank)
         for hop in range(1, self.size):
