@@ -18,7 +18,9 @@ entry point starts and whether this machine is where they run):
   the first `PROMPT_CHECK_TASKS` tasks of each split;
 - inference: `inference.tool_call_parser` names a tool-call parser (or `auto`);
 - inference and trainer: the configured torch devices exist, and the ports the config sets
-  (`inference.http_port`, `trainer.broadcast.nccl_port`) are free.
+  (`inference.http_port`, `trainer.broadcast.nccl_port`) are free;
+- trainer: where the entry point decides its ranks (`rlrun local`: one process; the operator:
+  its spec's), `trainer.context_parallel` divides them.
 
 `rlrun serve` binds its own ports (`--port`, `--metrics-port`, `--http-port`) before anything
 else and says which one is taken, so its scope leaves ports out. The operator's render runs
@@ -64,6 +66,9 @@ class Scope:
     ports: bool = True
     as_written: bool = True
     """The user's file as written (no launcher or operator has filled in the env addresses)."""
+    trainer_ranks: int | None = 1
+    """The trainer's world size where the entry point decides it (`rlrun local` starts one
+    process); None where torchrun does (`rlrun serve trainer` checks it as it starts)."""
 
     @classmethod
     def service(cls, name: str, env_keys: list[str] | None = None) -> Scope:
@@ -73,12 +78,14 @@ class Scope:
             env_keys=frozenset(env_keys) if env_keys else None,
             ports=False,
             as_written=False,
+            trainer_ranks=None,
         )
 
     @classmethod
-    def cluster(cls) -> Scope:
-        """The operator: the file alone (the pods run elsewhere, with their own images)."""
-        return cls(machine=False, devices=False, ports=False)
+    def cluster(cls, trainer_ranks: int | None = None) -> Scope:
+        """The operator: the file alone (the pods run elsewhere, with their own images), and
+        the trainer's ranks its spec starts."""
+        return cls(machine=False, devices=False, ports=False, trainer_ranks=trainer_ranks)
 
 
 @dataclass
@@ -383,6 +390,16 @@ def _machine_checks(config: RunConfig, scope: Scope, findings: Findings) -> None
         _ports(config, services, findings)
 
 
+def _context_groups(size: int, ranks: int) -> None:
+    if ranks % size:
+        raise ConfigError(
+            "trainer.context_parallel",
+            f"context groups of {size} ranks do not divide the trainer's {ranks} rank(s) here "
+            "(`rlrun local` runs one trainer process; context parallelism runs under torchrun: "
+            "`rlrun serve trainer`, or the operator's spec.trainer nodes x gpus_per_node)",
+        )
+
+
 def check_run(config: RunConfig, scope: Scope | None = None, *, devices: bool = True) -> None:
     """Every check `scope` covers (default: the whole run on this machine); raises one
     ConfigError naming every finding."""
@@ -392,6 +409,8 @@ def check_run(config: RunConfig, scope: Scope | None = None, *, devices: bool = 
         _algorithm_checks(config.orchestrator, findings)
     if "inference" in scope.services:
         findings.check(_tool_call_parser, config.inference.tool_call_parser, scope.machine)
+    if "trainer" in scope.services and scope.trainer_ranks is not None:
+        findings.check(_context_groups, config.trainer.context_parallel, scope.trainer_ranks)
     if scope.as_written:
         orch = config.orchestrator
         findings.check(check_external_envs, orch.train.env, "orchestrator.train.env")

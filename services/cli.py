@@ -277,7 +277,8 @@ def _invalid(error: ConfigError, command: str) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     try:
         config = load_run_config(args.config, args.overrides)
-        check_run(config, Scope(devices=not args.no_devices))
+        # The file alone: how many ranks run the trainer is up to whatever launches it.
+        check_run(config, Scope(devices=not args.no_devices, trainer_ranks=None))
     except ConfigError as error:
         return _invalid(error, "rlrun check-config")
     print(config.model_dump_json(indent=2))

@@ -182,15 +182,15 @@ def plan_env_servers(spec: RLRunSpec, config: RunConfig) -> tuple[dict[str, str]
     return external, managed
 
 
-def _check(config: RunConfig, where: str) -> None:
+def _check(config: RunConfig, where: str, trainer_ranks: int) -> None:
     """The checks of rlrun.checks that need only the file (Scope.cluster: the pods run elsewhere,
     with their own images and volumes): a typo in an algorithm's args, a table for an algorithm
     the run does not use, a misspelt built-in env id or argument fail the RLRun at once naming
     the key, instead of failing a pod at start. Ids no builtin algorithm has may be an env's
     own, and an env given as an import path is the env-server image's: the env-server checks
-    those when it starts."""
+    those when it starts. `trainer_ranks` (the spec's) must split into context groups."""
     try:
-        check_run(config, Scope.cluster())
+        check_run(config, Scope.cluster(trainer_ranks))
     except ConfigError as error:
         raise ConfigError(f"{where}: {error.path}", error.message) from None
 
@@ -351,7 +351,7 @@ def render_config(spec: RLRunSpec, cluster: Cluster) -> RenderedConfig:
     where = "spec.config" if spec.config is not None else "spec.configSpec"
     raw = _user_config(spec, where)
     config, warnings = _validate(raw, where)
-    _check(config, where)
+    _check(config, where, spec.trainer.ranks)
     translate_deprecated(raw)  # canonical spellings from here on (warnings already collected)
     external, managed = plan_env_servers(spec, config)
     model_servers = [

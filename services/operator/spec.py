@@ -283,6 +283,11 @@ class TrainerSpec(PodOverrides):
     resources: Resources = Resources()
     placement: Placement | None = None
 
+    @property
+    def ranks(self) -> int:
+        """The trainer's world size: one process per GPU, or one per node on CPU."""
+        return self.nodes * max(self.gpus_per_node, 1)
+
 
 class PoolSpec(_Model):
     """Worker pool of an env-server; overrides `pool` of the environments it hosts."""

@@ -6,6 +6,12 @@ FSDP2 `fully_shard` runs on CPU over gloo as well as on GPU over NCCL (checked w
 2.13), so `parallel = "auto"` means FSDP2 everywhere and CPU tests run the GPU code path; DDP
 stays selectable. Both average gradients over ranks, so each rank scales its loss by the world
 size to get the gradient of the batch-wide sum.
+
+With `trainer.context_parallel = N`, consecutive groups of N ranks are context groups: the
+ranks of one group train the same micro-batches, each its chunk of the sequence (ring
+attention, `context_parallel.py`), and the groups share out the batch as data-parallel ranks.
+Every token's loss is still on exactly one rank, so the same world-wide gradient average and
+loss scale give the gradient of the batch-wide sum, and FSDP2 or DDP runs over all ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import torch.distributed as dist
 from torch import nn
 
 from rlrun.common.config.trainer import TrainerConfig
+from rlrun.common.model import PackedCausal
+from rlrun.common.model.transformer import Attend
+from rlrun.trainer.context_parallel import RingAttention
 
 ParallelKind = Literal["none", "fsdp", "ddp"]
 
@@ -38,10 +47,34 @@ class Parallelism:
     device: torch.device
     command_group: Any = None
     """A gloo group with a long timeout for the command channel (None on a single process)."""
+    context_parallel: int = 1
+    """Ranks per context group (`trainer.context_parallel`)."""
+    context_group: Any = None
+    """This rank's context group (None without context parallelism)."""
 
     @classmethod
     def single(cls, device: str | torch.device = "cpu") -> Parallelism:
         return cls(kind="none", rank=0, world_size=1, device=torch.device(device))
+
+    @property
+    def context_rank(self) -> int:
+        """Which chunk of each sequence this rank holds."""
+        return self.rank % self.context_parallel
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of the batch this rank's context group trains."""
+        return self.rank // self.context_parallel
+
+    @property
+    def data_world_size(self) -> int:
+        return self.world_size // self.context_parallel
+
+    def attention(self, cu_seqlens: torch.Tensor) -> Attend:
+        """The attention context of a planned micro-batch (its CPU `cu_seqlens`)."""
+        if self.context_parallel > 1:
+            return RingAttention(cu_seqlens, self.context_group, self.device)
+        return PackedCausal.from_offsets(cu_seqlens)
 
     @property
     def loss_scale(self) -> float:
@@ -79,6 +112,12 @@ def init_parallelism(config: TrainerConfig) -> Parallelism:
     group for commands."""
     rank, world_size, local_rank = _torchrun_world()
     device = torch.device(config.device)
+    context_parallel = config.context_parallel
+    if world_size % context_parallel:
+        raise ValueError(
+            f"trainer.context_parallel = {context_parallel} needs a world size that is a multiple "
+            f"of it; this trainer was started with {world_size} rank(s)"
+        )
     if world_size == 1:
         return Parallelism.single(device)
     if device.type == "cuda":
@@ -88,9 +127,22 @@ def init_parallelism(config: TrainerConfig) -> Parallelism:
         "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
     )
     command_group = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+    context_group = None
+    if context_parallel > 1:
+        # Every rank creates every group (new_group is collective); it keeps its own.
+        for first in range(0, world_size, context_parallel):
+            group = dist.new_group(list(range(first, first + context_parallel)))
+            if first <= rank < first + context_parallel:
+                context_group = group
     kind: ParallelKind = "ddp" if config.parallel == "ddp" else "fsdp"
     return Parallelism(
-        kind=kind, rank=rank, world_size=world_size, device=device, command_group=command_group
+        kind=kind,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        command_group=command_group,
+        context_parallel=context_parallel,
+        context_group=context_group,
     )
 
 

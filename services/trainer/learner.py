@@ -2,8 +2,9 @@
 policy version bumped, or, on a non-finite loss or gradient norm, nothing changed at all.
 
 Every rank runs the same `Learner` on the whole batch and trains its own share of the
-micro-batches (see packing). Loss normalizers are batch-wide token counts that every rank
-computes from the whole batch; the statistics are summed across ranks.
+micro-batches (see packing); under context parallelism the ranks of a context group share a
+micro-batch, each its chunk of the sequence. Loss normalizers are batch-wide token counts that
+every rank computes from the whole batch; the statistics are summed across ranks.
 """
 
 from __future__ import annotations
@@ -27,13 +28,20 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import TrainerConfig
-from rlrun.common.model import FAMILIES, ArchConfig, PackedCausal, build_model
+from rlrun.common.model import FAMILIES, ArchConfig, build_model
+from rlrun.common.model.transformer import Attend
 from rlrun.common.wire.trainer import StepResult
 from rlrun.common.wire.training import TrainingBatch
+from rlrun.trainer.context_parallel import split_micro_batch
 from rlrun.trainer.distributed import Parallelism, wrap_model
 from rlrun.trainer.loss import STAT_NAMES, channel_loss, summarize, token_logprobs
 from rlrun.trainer.optim import build_optimizer, build_scheduler, lr_factor
-from rlrun.trainer.packing import count_channel_tokens, plan_rank_micro_batches
+from rlrun.trainer.packing import (
+    ChannelCounts,
+    PackedMicroBatch,
+    count_channel_tokens,
+    plan_rank_micro_batches,
+)
 
 
 @dataclass
@@ -121,18 +129,31 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _accumulate(self, micro_batches, counts) -> torch.Tensor:
-        """Forward and backward over this rank's micro-batches; returns the all-reduced stats."""
+    def plan(self, batch: TrainingBatch) -> list[tuple[PackedMicroBatch, Attend]]:
+        """This rank's micro-batches of `batch` on its device, each with its attention context:
+        its context group's share of the batch, and of each micro-batch its own chunk."""
+        parallel = self.parallel
+        planned = plan_rank_micro_batches(
+            batch.samples, self.config.micro_batch_tokens, parallel.data_world_size, parallel.data_rank
+        )
+        if parallel.context_parallel > 1:
+            planned = [
+                split_micro_batch(micro, parallel.context_rank, parallel.context_parallel)
+                for micro in planned
+            ]
+        return [(micro.to(parallel.device), parallel.attention(micro.cu_seqlens)) for micro in planned]
+
+    def accumulate(
+        self, micro_batches: list[tuple[PackedMicroBatch, Attend]], counts: ChannelCounts
+    ) -> torch.Tensor:
+        """Forward and backward over this rank's planned micro-batches, adding to the
+        parameters' gradients (reduced across ranks on the last one); returns the
+        all-reduced stats."""
         stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=self.parallel.device)
         last = len(micro_batches) - 1
-        for index, micro in enumerate(micro_batches):
+        for index, (micro, attend) in enumerate(micro_batches):
             with self.parallel.gradient_sync(self.model, enabled=index == last):
-                logits = self.model(
-                    micro.input_ids,
-                    micro.positions,
-                    PackedCausal.from_offsets(micro.cu_seqlens),
-                    micro.predict_rows,
-                )
+                logits = self.model(micro.input_ids, micro.positions, attend, micro.predict_rows)
                 logprobs, entropy = token_logprobs(
                     logits,
                     micro.targets,
@@ -161,12 +182,7 @@ class Learner:
             raise ValueError(f"batch.step {batch.step} is not the learner's step {self.step}")
         started = time.perf_counter()
         counts = count_channel_tokens(batch.samples)
-        micro_batches = [
-            micro.to(self.parallel.device)
-            for micro in plan_rank_micro_batches(
-                batch.samples, self.config.micro_batch_tokens, self.parallel.world_size, self.parallel.rank
-            )
-        ]
+        micro_batches = self.plan(batch)
         lr = batch.learning_rate if batch.learning_rate is not None else self.scheduled_lr
         grad_steps = self.config.grad_steps_per_batch
         snapshot = _Snapshot(self.model, self.optimizer) if grad_steps > 1 else None
@@ -174,7 +190,7 @@ class Learner:
         self.model.train()
         for grad_step in range(grad_steps):
             self.optimizer.zero_grad(set_to_none=True)
-            stats = self._accumulate(micro_batches, counts)
+            stats = self.accumulate(micro_batches, counts)
             grad_norm = _norm_value(
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             )

@@ -18,16 +18,17 @@ from rlrun.common.wire.training import TrainingBatch, TrainingSample
 def synthetic_config(
     output_dir: Path,
     *,
-    model: str = "tiny-d64",
+    model: str | Path = "tiny-d64",
     trainer: dict[str, Any] | None = None,
     inference_addresses: list[str] | None = None,
 ) -> RunConfig:
-    """A run config for the trainer alone: the named tiny model, `trainer` overrides."""
+    """A run config for the trainer alone: the named tiny model (or the model config file at
+    a Path), `trainer` overrides."""
     config, _ = resolve_config(
         {
             "output_dir": str(output_dir),
             "model": {
-                "config": str(builtin.model_config(model)),
+                "config": str(model if isinstance(model, Path) else builtin.model_config(model)),
                 "tokenizer": str(builtin.tokenizer("char")),
             },
             "inference": {"addresses": list(inference_addresses or [])},

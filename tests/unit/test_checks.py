@@ -277,6 +277,24 @@ def test_local_and_eval_refuse_before_starting_anything(tmp_path, capsys, comman
     assert not out.exists()
 
 
+def test_context_groups_must_divide_the_trainer_ranks_where_the_entry_point_decides_them(tmp_path, capsys):
+    """`rlrun local` starts one trainer process: context_parallel = 2 is refused before anything
+    starts. torchrun decides the ranks of `rlrun serve trainer` (the trainer checks them as it
+    starts) and check-config checks the file alone; the operator passes its spec's ranks."""
+    two = "trainer.context_parallel=2"
+    out = tmp_path / "out"
+    argv = ["local", str(REPO / "configs" / "reverse_text.toml"), "--output-dir", str(out), "--set", two]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "rlrun local: invalid config: trainer.context_parallel: context groups of 2 ranks" in err
+    assert "the trainer's 1 rank(s)" in err
+    assert not out.exists()
+    assert main(["check-config", str(REPO / "configs" / "reverse_text.toml"), "--set", two]) == 0
+    check_run(config(two), Scope.service("trainer"))
+    check_run(config(two), Scope.cluster(trainer_ranks=4))
+    assert "the trainer's 3 rank(s)" in finding(two, scope=Scope.cluster(trainer_ranks=3))
+
+
 def test_an_unknown_tool_call_parser_is_refused_naming_the_key_and_the_nearest(capsys):
     path = str(REPO / "configs" / "reverse_text.toml")
     assert (

@@ -69,3 +69,14 @@ def test_what_only_the_pods_can_check_is_left_to_them():
         elsewhere = elsewhere.replace(old, new, 1)
     rendered = render(elsewhere)
     assert 'id = "my_envs.letters:LetterShift"' in rendered.toml
+
+
+def test_a_context_group_that_does_not_divide_the_trainers_ranks_fails_the_render():
+    config = DEMO.replace("[trainer]\n", "[trainer]\ncontext_parallel = 2\n", 1)
+    assert "context_parallel" in config
+    with pytest.raises(ConfigError) as error:
+        render(config)
+    assert str(error.value).startswith("spec.config: trainer.context_parallel: context groups of 2 ranks")
+    assert "the trainer's 1 rank(s)" in error.value.message
+    two_ranks = render_config(parse_spec({"config": config, "trainer": {"gpus_per_node": 2}}), CLUSTER)
+    assert "context_parallel = 2" in two_ranks.toml

@@ -150,3 +150,12 @@ class TrainerConfig(Section):
     """Data parallelism when launched with several ranks (torchrun): FSDP2 `fully_shard` or DDP.
     auto means FSDP2 on every device: it runs on CPU over gloo too (checked with torch 2.13), so
     CPU tests exercise the GPU code path. Default: auto."""
+
+    context_parallel: int = Field(1, ge=1)
+    """Ranks that share one packed micro-batch, split along the sequence, with ring attention
+    between them (docs/parallelism.md): a sample may then be longer than one rank holds.
+    `micro_batch_tokens` stays the whole packed sequence's capacity; each rank holds
+    ceil(micro_batch_tokens / context_parallel) tokens of it (a sequence is padded to a
+    multiple of context_parallel). The world size must be a multiple of it: consecutive
+    ranks form a context group, and the groups share out the batch as data-parallel ranks do,
+    under `parallel` (FSDP2 or DDP over all ranks). Default: 1 (off)."""

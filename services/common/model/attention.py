@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+def expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
 
 
@@ -59,7 +59,7 @@ class PackedCausal:
         qp, kp, vp = pad(q), pad(k), pad(v)
         groups = q.shape[1] // k.shape[1]
         out = F.scaled_dot_product_attention(
-            qp, _expand_kv(kp, groups), _expand_kv(vp, groups), is_causal=True
+            qp, expand_kv(kp, groups), expand_kv(vp, groups), is_causal=True
         ).transpose(1, 2)  # [n, L, heads, D]
         return out.flatten(0, 1) if self.uniform else out[self.rows, self.cols]
 
@@ -149,8 +149,8 @@ class CachedStep:
                 queries = q[:n, :, None, :]
             out = F.scaled_dot_product_attention(
                 queries,
-                _expand_kv(keys, groups),
-                _expand_kv(values, groups),
+                expand_kv(keys, groups),
+                expand_kv(values, groups),
                 attn_mask=self.visible[:, None, None, :],
             )
             parts.append(out[slot_ids, :, 0, :] if self.in_place else out[:, :, 0, :])
