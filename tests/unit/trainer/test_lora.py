@@ -13,6 +13,7 @@ from rlrun.cli import main as rlrun
 from rlrun.common.errors import RequestError
 from rlrun.common.model import build_model
 from rlrun.common.weights.grpc_stream import LayoutCache, iter_update_messages, receive_update
+from rlrun.common.weights.ipc import StagingBuffer, ipc_header
 from rlrun.common.weights.protocol import broadcast_tensors, total_bytes
 from rlrun.common.wire.sampling import SamplingParams
 from rlrun.inference.engines.torch_process import TorchEngineProcess
@@ -86,14 +87,27 @@ async def test_an_update_of_the_adapters_alone_gives_the_engine_the_trainers_fun
         update = await receive_update(stream(), LayoutCache(engine.weight_specs()))
         await engine.update_weights(update.tensors, 1)
         greedy = SamplingParams(max_tokens=12, temperature=0.0)
-        learner.model.eval()
-        for prompt in ([5, 6, 7, 8], [40, 41, 42]):
-            [completion] = await engine.generate(prompt, greedy)
-            assert completion.token_ids == argmax_loop(learner.model, prompt, 12)
+
+        async def serves_the_learners_policy() -> None:
+            learner.model.eval()
+            for prompt in ([5, 6, 7, 8], [40, 41, 42]):
+                [completion] = await engine.generate(prompt, greedy)
+                assert completion.token_ids == argmax_loop(learner.model, prompt, 12)
+
+        await serves_the_learners_policy()
         assert argmax_loop(base, [5, 6, 7, 8], 12) != argmax_loop(learner.model, [5, 6, 7, 8], 12)
+        # Over IPC (shared memory on CPU): the staging buffer holds the adapters alone.
+        for step in range(3, 5):
+            learner.train(synthetic_batch(step))
+        specs = tuple((name, t.dtype, tuple(t.shape)) for name, t in engine.weight_specs().items())
+        staging = StagingBuffer(specs, torch.device("cpu"))
+        staging.stage(learner.full_weights())
+        assert staging.size == total_bytes(learner.full_weights())
+        await engine.receive_weights_ipc(ipc_header(staging, 2))
+        await serves_the_learners_policy()
         # A whole model is not what this engine takes.
         with pytest.raises(RequestError, match="header.tensors"):
-            await engine.update_weights(broadcast_tensors(base), 2)
+            await engine.update_weights(broadcast_tensors(base), 3)
     finally:
         await engine.stop()
 
