@@ -192,10 +192,12 @@ def _lora_targets(config: RunConfig) -> None:
     """Every `trainer.lora.target_modules` pattern matches a linear layer of the model (and
     the tied-head rule holds), read from the module tree of its config.json, built on the
     meta device (no weights). Where torch is missing, nothing here builds the model."""
-    lora = config.trainer.lora
-    source = config.model.path / "config.json" if config.model.path is not None else config.model.config
-    if lora is None or source is None or not Path(source).exists():
-        return  # no LoRA, or the missing file is a finding of its own
+    lora, model = config.trainer.lora, config.model
+    if lora is None or (model.hub_id is not None and model.path is None):
+        return  # no LoRA, or a Hub model not downloaded yet (its config.json is not here)
+    source = model.path / "config.json" if model.path is not None else model.config
+    if source is None or not Path(source).exists():
+        return  # a finding of its own
     if importlib.util.find_spec("torch") is None:
         return
     import torch

@@ -186,3 +186,15 @@ def test_rlrun_export_writes_the_adapter_and_a_merged_checkpoint(make_learner, t
     reference = merge_lora(learner.model)
     for name, tensor in reference.state_dict().items():
         torch.testing.assert_close(merged.state_dict()[name], tensor, atol=1e-6, rtol=1e-5)
+
+
+def test_rlrun_eval_names_the_export_for_a_lora_checkpoint(make_learner, tmp_path):
+    from rlrun.common.config import ConfigError
+    from rlrun.eval.runner import model_dir
+
+    learner = make_learner(lora=LORA)
+    state = learner.capture_state()
+    path = save_checkpoint(tmp_path, state, b"", {}, world_size=1, keep=1, adapter=learner.adapter_config)
+    with pytest.raises(ConfigError, match="rlrun export") as error:
+        model_dir(path)
+    assert error.value.path == "--checkpoint"
