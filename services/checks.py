@@ -206,8 +206,8 @@ def _lora_targets(config: RunConfig) -> None:
     from rlrun.common.model.lora import lora_targets
 
     with torch.device("meta"):
-        model = create_model(ArchConfig.from_file(source))
-    lora_targets(model, lora)
+        tree = create_model(ArchConfig.from_file(source))
+    lora_targets(tree, lora)
 
 
 def _check_device(key: str, device: str) -> None:
