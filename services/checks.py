@@ -17,6 +17,8 @@ entry point starts and whether this machine is where they run):
   of it is builtin or its own, and the tokenizer encodes every prompt (and system message) of
   the first `PROMPT_CHECK_TASKS` tasks of each split;
 - inference: `inference.tool_call_parser` names a tool-call parser (or `auto`);
+- inference and trainer (on this machine): every `trainer.lora.target_modules` pattern
+  matches a linear layer of the model;
 - inference and trainer: the configured torch devices exist, and the ports the config sets
   (`inference.http_port`, `trainer.broadcast.nccl_port`) are free;
 - trainer: where the entry point decides its ranks (`rlrun local`: one process; the operator:
@@ -191,6 +193,28 @@ def _model_files(config: RunConfig, findings: Findings) -> None:
     else:
         findings.check(_check_file, "model.config", model.config)
     findings.check(_check_file, "model.tokenizer", model.tokenizer)
+
+
+def _lora_targets(config: RunConfig) -> None:
+    """Every `trainer.lora.target_modules` pattern matches a linear layer of the model (and
+    the tied-head rule holds), read from the module tree of its config.json, built on the
+    meta device (no weights). Where torch is missing, nothing here builds the model."""
+    lora, model = config.trainer.lora, config.model
+    if lora is None or (model.hub_id is not None and model.path is None):
+        return  # no LoRA, or a Hub model not downloaded yet (its config.json is not here)
+    source = model.path / "config.json" if model.path is not None else model.config
+    if source is None or not Path(source).exists():
+        return  # a finding of its own
+    if importlib.util.find_spec("torch") is None:
+        return
+    import torch
+
+    from rlrun.common.model import ArchConfig, create_model
+    from rlrun.common.model.lora import lora_targets
+
+    with torch.device("meta"):
+        tree = create_model(ArchConfig.from_file(source))
+    lora_targets(tree, lora)
 
 
 def _check_device(key: str, device: str) -> None:
@@ -379,6 +403,8 @@ def _machine_checks(config: RunConfig, scope: Scope, findings: Findings) -> None
     services = scope.services
     if scope.machine:
         _model_files(config, findings)
+        if services & {"trainer", "inference"}:
+            findings.check(_lora_targets, config)
     if services & {"env-server"}:
         _env_checks(config, scope, findings)
     if scope.machine and scope.devices:

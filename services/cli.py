@@ -1,4 +1,5 @@
-"""The `rlrun` command: local, eval, dashboard, serve <service>, check-config, operator, bench."""
+"""The `rlrun` command: local, eval, dashboard, serve <service>, check-config, export, operator,
+bench."""
 
 from __future__ import annotations
 
@@ -232,6 +233,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the device check (for a file meant for another machine)",
     )
 
+    export = sub.add_parser(
+        "export",
+        help="write a LoRA checkpoint's adapter in the PEFT format (and a merged HF checkpoint)",
+        description="Write the adapter of a LoRA run's checkpoint (a step_<N> folder) to OUT/adapter "
+        "in the PEFT format (adapter_config.json + adapter_model.safetensors), which "
+        "peft.PeftModel.from_pretrained loads onto the base model. With --merged, also OUT/merged: "
+        "the base model of the run file with the adapters folded in, as a Hugging Face checkpoint. "
+        "Exits 2 naming what is wrong.",
+    )
+    export.add_argument(
+        "checkpoint", type=Path, help="a checkpoint folder, e.g. outputs/run/checkpoints/step_20"
+    )
+    export.add_argument("--out", type=Path, required=True, help="the folder to write")
+    export.add_argument(
+        "--merged",
+        action="store_true",
+        help="also write the merged model (needs --config: the base is the run file's [model])",
+    )
+    export.add_argument("--config", type=Path, help="the run file of the checkpoint's run (for --merged)")
+    export.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="as for the run"
+    )
+
     op = sub.add_parser(
         "operator",
         help="run the Kubernetes operator (kopf) for RLRun resources",
@@ -326,6 +350,28 @@ def _local(args: argparse.Namespace) -> int:
     )
 
 
+def _export(args: argparse.Namespace) -> int:
+    if args.merged and args.config is None:
+        print("rlrun export: --merged needs --config (the run file names the base model)", file=sys.stderr)
+        return 2
+    config = None
+    if args.merged:
+        try:
+            config = resolve_hub_model(load_run_config(args.config, args.overrides))
+        except ConfigError as error:
+            return _invalid(error, "rlrun export")
+    export = _load_module("rlrun.trainer.export", "`rlrun export`")
+    checkpoint = _load_module("rlrun.trainer.checkpoint", "`rlrun export`")
+    try:
+        written = export.export_checkpoint(args.checkpoint, args.out, config)
+    except (export.ExportError, checkpoint.CorruptCheckpoint, FileNotFoundError) as error:
+        print(f"rlrun export: {error}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     if not args.stop and importlib.util.find_spec("fastapi") is None:
         raise SystemExit("rlrun: `rlrun dashboard` needs the serve extra (pip install 'rlrun[serve]')")
@@ -385,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "local": _local,
         "eval": _eval,
         "dashboard": _dashboard,
+        "export": _export,
         "operator": _operator,
         "bench": _bench,
     }

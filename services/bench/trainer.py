@@ -18,6 +18,10 @@
    target >= 0.8); and, stricter, against streaming already built messages
    (`broadcast_ratio_vs_prebuilt`). The model is a 25 MB Llama (6.3M parameters; 3 MB
    tiny-d128 with --quick).
+3. LoRA against full fine-tuning of that same model (`[trainer.lora]` at its defaults: rank 8
+   on every linear layer of the decoder layers): the bytes and time of one gRPC sync into the
+   same sink (only the adapters travel: `lora_sync_bytes_ratio`, full / LoRA), and AdamW's
+   state after a step (`lora_optimizer_bytes_ratio`).
 
 The last stdout line is JSON.
 """
@@ -35,12 +39,13 @@ import torch
 
 from rlrun.bench import emit_result
 from rlrun.common import builtin
-from rlrun.common.config.trainer import BroadcastConfig
+from rlrun.common.config.trainer import BroadcastConfig, LoraConfig, TrainerConfig
 from rlrun.common.grpc_client import ClientOptions, open_channel
 from rlrun.common.grpc_server import GrpcServer, ServerOptions
-from rlrun.common.model import ArchConfig, PackedCausal, build_model, create_model
+from rlrun.common.model import ArchConfig, CausalLM, PackedCausal, build_model, create_model
+from rlrun.common.model.lora import apply_lora
 from rlrun.common.weights.grpc_stream import GrpcWeightBroadcaster, build_header, iter_update_messages
-from rlrun.common.weights.protocol import broadcast_tensors
+from rlrun.common.weights.protocol import broadcast_tensors, total_bytes
 from rlrun.common.wire.inference import SERVICE_NAME as INFERENCE
 from rlrun.common.wire.inference import WeightsApplied, weights_applied_from_proto, weights_applied_to_proto
 from rlrun.common.wire.trainer import SubmitBatch, step_result_from_proto, submit_request_to_proto
@@ -56,6 +61,7 @@ from rlrun.trainer.coordinator import Coordinator
 from rlrun.trainer.distributed import Parallelism
 from rlrun.trainer.learner import build_learner
 from rlrun.trainer.loss import token_logprobs
+from rlrun.trainer.optim import build_optimizer
 from rlrun.trainer.packing import pack_micro_batch
 from rlrun.trainer.servicer import SERVICE_NAME
 from rlrun.trainer.synthetic import synthetic_batch, synthetic_config
@@ -182,14 +188,21 @@ class CountingSink(inference_pb2_grpc.InferenceServiceServicer):
         return weights_applied_to_proto(WeightsApplied(version, received))
 
 
-def broadcast_model(quick: bool) -> dict[str, torch.Tensor]:
+def broadcast_model(quick: bool) -> CausalLM:
     if quick:
         arch = ArchConfig.from_file(builtin.model_config("tiny-d128"))
     else:
         arch = ArchConfig.from_dict(BROADCAST_ARCH)
     model = create_model(arch)
     model.init_weights(0)
-    return broadcast_tensors(model)
+    return model
+
+
+async def start_sink() -> tuple[GrpcServer, str]:
+    server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
+    inference_pb2_grpc.add_InferenceServiceServicer_to_server(CountingSink(), server.server)
+    port = await server.start()
+    return server, f"127.0.0.1:{port}"
 
 
 def raw_stream(header: WeightUpdateHeader, data: bytes, chunk_bytes: int):
@@ -202,16 +215,13 @@ def raw_stream(header: WeightUpdateHeader, data: bytes, chunk_bytes: int):
 
 
 async def measure_broadcast(iterations: int, quick: bool) -> dict:
-    tensors = broadcast_model(quick)
+    tensors = broadcast_tensors(broadcast_model(quick))
     settings = BroadcastConfig()
     chunk_bytes = int(settings.chunk_mb * 2**20)
     header, buffers = build_header(tensors, 0)
     data = b"".join(buffers)
     prebuilt = list(iter_update_messages(tensors, 0, chunk_bytes))
-    server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
-    inference_pb2_grpc.add_InferenceServiceServicer_to_server(CountingSink(), server.server)
-    port = await server.start()
-    address = f"127.0.0.1:{port}"
+    server, address = await start_sink()
     broadcaster = GrpcWeightBroadcaster([address], settings, ClientOptions())
     raw_s, prebuilt_s, trainer_s = [], [], []
     try:
@@ -253,13 +263,67 @@ async def measure_broadcast(iterations: int, quick: bool) -> dict:
     }
 
 
+# -- 3. LoRA against full fine-tuning -------------------------------------------------------
+
+
+def adamw_state_bytes(model: CausalLM) -> int:
+    """AdamW's state after one step over what trains (zero gradients: the size is the same)."""
+    optimizer = build_optimizer(model, TrainerConfig())
+    for param in model.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    return sum(
+        v.numel() * v.element_size()
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
+
+
+async def measure_lora(iterations: int, quick: bool) -> dict:
+    full_model, lora_model = broadcast_model(quick), broadcast_model(quick)
+    apply_lora(lora_model, LoraConfig(), seed=0)
+    full, lora = broadcast_tensors(full_model), broadcast_tensors(lora_model)
+    server, address = await start_sink()
+    broadcaster = GrpcWeightBroadcaster([address], BroadcastConfig(), ClientOptions())
+    times: dict[str, list[float]] = {"full": [], "lora": []}
+    try:
+        for i in range(iterations + 1):  # the first warms up
+            for kind, tensors in (("full", full), ("lora", lora)):
+                started = time.perf_counter()
+                (result,) = await broadcaster.broadcast(tensors, 2 * i + (kind == "lora"))
+                if not result.ok:
+                    raise RuntimeError(f"broadcast to the sink failed: {result.error}")
+                if i >= 1:
+                    times[kind].append(time.perf_counter() - started)
+    finally:
+        await broadcaster.close()
+        await server.stop(0)
+    full_bytes, lora_bytes = total_bytes(full), total_bytes(lora)
+    full_state, lora_state = adamw_state_bytes(full_model), adamw_state_bytes(lora_model)
+    return {
+        "lora_rank": LoraConfig().rank,
+        "full_sync_bytes": full_bytes,
+        "lora_sync_bytes": lora_bytes,
+        "lora_sync_bytes_ratio": full_bytes / lora_bytes,
+        "full_sync_ms": statistics.median(times["full"]) * 1e3,
+        "lora_sync_ms": statistics.median(times["lora"]) * 1e3,
+        "lora_sync_time_ratio": paired_ratio(times["full"], times["lora"]),
+        "full_optimizer_bytes": full_state,
+        "lora_optimizer_bytes": lora_state,
+        "lora_optimizer_bytes_ratio": full_state / lora_state,
+    }
+
+
 def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     quick = bool(args.quick)
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-trainer-") as scratch:
         steps = asyncio.run(measure_steps(5 if quick else 30, Path(scratch)))
     broadcast = asyncio.run(measure_broadcast(3 if quick else 15, quick))
-    result = {"benchmark": "trainer", "quick": quick, **steps, **broadcast}
+    lora = asyncio.run(measure_lora(3 if quick else 15, quick))
+    result = {"benchmark": "trainer", "quick": quick, **steps, **broadcast, **lora}
     print(f"batch: {PROMPTS * GROUP} samples, {steps['tokens_per_step']} tokens, tiny-d64")
     print(f"(a) bare torch loop:          {steps['bare_step_ms']:8.2f} ms/step")
     print(
@@ -278,5 +342,12 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"raw/trainer = {broadcast['broadcast_ratio_vs_raw']:.3f} (target >= 0.8)   "
         f"prebuilt/trainer = {broadcast['broadcast_ratio_vs_prebuilt']:.3f}"
+    )
+    print(
+        f"LoRA r={lora['lora_rank']} vs full, same model: sync {lora['lora_sync_bytes'] / 2**20:.2f} MiB "
+        f"in {lora['lora_sync_ms']:.1f} ms vs {lora['full_sync_bytes'] / 2**20:.2f} MiB in "
+        f"{lora['full_sync_ms']:.1f} ms (bytes {lora['lora_sync_bytes_ratio']:.1f}x, time "
+        f"{lora['lora_sync_time_ratio']:.1f}x fewer); AdamW state {lora['lora_optimizer_bytes'] / 2**20:.2f} "
+        f"MiB vs {lora['full_optimizer_bytes'] / 2**20:.2f} MiB ({lora['lora_optimizer_bytes_ratio']:.1f}x)"
     )
     return emit_result(result, args)

@@ -76,6 +76,13 @@ def model_dir(checkpoint: Path) -> Path:
         return checkpoint / "model"
     if (checkpoint / "config.json").exists():
         return checkpoint
+    if (checkpoint / "adapter").is_dir():
+        raise ConfigError(
+            "--checkpoint",
+            f"{checkpoint} is a LoRA checkpoint (an adapter, not a model): write the merged model "
+            f"with `rlrun export {checkpoint} --out DIR --merged --config CONFIG`, then pass "
+            "--checkpoint DIR/merged",
+        )
     raise ConfigError(
         "--checkpoint", f"{checkpoint} is neither a trainer checkpoint (model/config.json) nor a model folder"
     )

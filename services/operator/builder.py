@@ -107,8 +107,9 @@ _SHARED_READS: tuple[ConfigPath, ...] = (
     ("inference", "max_batch_size"),
 )
 CONFIG_READS: dict[str, tuple[ConfigPath, ...]] = {
-    INFERENCE: (*_SHARED_READS, ("inference",), ("trainer", "address")),
-    MODEL_SERVER: (*_SHARED_READS, ("inference",), ("trainer", "address")),
+    # A replica builds the trainer's adapters ([trainer.lora]): it takes updates of them alone.
+    INFERENCE: (*_SHARED_READS, ("inference",), ("trainer", "address"), ("trainer", "lora")),
+    MODEL_SERVER: (*_SHARED_READS, ("inference",), ("trainer", "address"), ("trainer", "lora")),
     ENV_SERVER: (
         *_SHARED_READS,
         ("orchestrator", "train"),

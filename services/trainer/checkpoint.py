@@ -1,6 +1,9 @@
 """Trainer checkpoints on disk: `<run_dir>/checkpoints/step_<N>/`.
 
     model/                 Hugging Face layout (config.json + model.safetensors): servable as is
+    adapter/               instead of model/ under `trainer.lora`: what trains, as a PEFT
+                           adapter (adapter_config.json + adapter_model.safetensors); the
+                           frozen base is the run's model config, as built
     trainer_state.pt       optimizer, LR scheduler and RNG states
     extra_state.bin        opaque bytes from SaveCheckpointRequest (the orchestrator's state)
     meta.json              step, policy version, world size, and the size and SHA-256 of every
@@ -27,11 +30,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlrun.common.model.lora import from_peft_state, peft_state
 from rlrun.trainer.learner import LearnerState
 
 PREFIX = "step_"
 META = "meta.json"
 EXTRA = "extra_state.bin"
+ADAPTER = "adapter"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +131,28 @@ def discard_after(root: Path, step: int) -> list[Path]:
 
 
 def save_checkpoint(
-    root: Path, state: LearnerState, extra_state: bytes, arch: dict, world_size: int, keep: int
+    root: Path,
+    state: LearnerState,
+    extra_state: bytes,
+    arch: dict,
+    world_size: int,
+    keep: int,
+    adapter: dict | None = None,
 ) -> Path:
+    """`adapter`: the PEFT adapter config of a LoRA run (`Learner.adapter_config`), whose
+    state holds only what trains."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{state.step}"
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    (tmp / "model").mkdir(parents=True)
-    (tmp / "model" / "config.json").write_text(json.dumps(arch, indent=2))
-    save_file({k: v.contiguous() for k, v in state.model.items()}, str(tmp / "model" / "model.safetensors"))
+    tensors = {k: v.contiguous() for k, v in state.model.items()}
+    if adapter is None:
+        (tmp / "model").mkdir(parents=True)
+        (tmp / "model" / "config.json").write_text(json.dumps(arch, indent=2))
+        save_file(tensors, str(tmp / "model" / "model.safetensors"))
+    else:
+        (tmp / ADAPTER).mkdir(parents=True)
+        (tmp / ADAPTER / ADAPTER_CONFIG).write_text(json.dumps(adapter, indent=2))
+        save_file(peft_state(tensors), str(tmp / ADAPTER / ADAPTER_WEIGHTS))
     torch.save(
         {"optimizer": state.optimizer, "scheduler": state.scheduler, "rng": state.rng},
         tmp / "trainer_state.pt",
@@ -172,10 +193,15 @@ def load_checkpoint(path: Path) -> tuple[LearnerState, bytes]:
     meta = verify_checkpoint(path)
     # Our own file: it holds Python and numpy RNG states, which weights_only cannot load.
     trainer_state = torch.load(path / "trainer_state.pt", weights_only=False)
+    adapter = path / ADAPTER / ADAPTER_WEIGHTS
+    if adapter.exists():
+        model = from_peft_state(load_file(str(adapter)))
+    else:
+        model = load_file(str(path / "model" / "model.safetensors"))
     state = LearnerState(
         step=meta["step"],
         version=meta["version"],
-        model=load_file(str(path / "model" / "model.safetensors")),
+        model=model,
         optimizer=trainer_state["optimizer"],
         scheduler=trainer_state["scheduler"],
         rng=trainer_state["rng"],

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rlrun.common.config import RunConfig
 from rlrun.common.config.trainer import TrainerConfig
 from rlrun.common.model import FAMILIES, ArchConfig, build_model
+from rlrun.common.model.lora import base_model_name, peft_config
 from rlrun.common.model.transformer import Attend
 from rlrun.common.wire.trainer import StepResult
 from rlrun.common.wire.training import TrainingBatch
@@ -87,8 +88,10 @@ class _Snapshot:
     the same batch turns non-finite (the batch must then leave no trace)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        # What trains only: a frozen (LoRA) base cannot change.
+        self.trained = [p for p in model.parameters() if p.requires_grad]
         with torch.no_grad():
-            self.params = [p.detach().clone() for p in model.parameters()]
+            self.params = [p.detach().clone() for p in self.trained]
         self.state = {
             p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
             for p, s in optimizer.state.items()
@@ -96,7 +99,7 @@ class _Snapshot:
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         with torch.no_grad():
-            for param, saved in zip(model.parameters(), self.params, strict=True):
+            for param, saved in zip(self.trained, self.params, strict=True):
                 param.copy_(saved)
         optimizer.state.clear()
         optimizer.state.update(self.state)
@@ -111,13 +114,19 @@ class Learner:
         config: TrainerConfig,
         parallel: Parallelism,
         arch: ArchConfig,
+        trained: frozenset[str] | None = None,
+        adapter_config: dict | None = None,
     ):
+        """`trained`: the names of what trains when not the whole model (`CausalLM.trained`);
+        `adapter_config`: then (LoRA) the PEFT adapter config its checkpoints are saved with."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
         self.parallel = parallel
         self.arch = arch
+        self.trained = trained
+        self.adapter_config = adapter_config
         self.step = 0
         self.version = 0
 
@@ -231,11 +240,12 @@ class Learner:
         return StepResult(step=self.step, version=self.version, skipped=False, metrics=metrics)
 
     def full_weights(self, on_cpu: bool = True) -> dict[str, torch.Tensor]:
-        """The whole model by HF name, as a weight update carries it (a tied lm_head is
-        implied). A collective under FSDP: every rank must call it; rank 0's result is whole."""
-        state = get_model_state_dict(
-            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=on_cpu)
-        )
+        """What trains, unsharded, by HF name, as a weight update carries it and a checkpoint
+        keeps it: the whole model, or under LoRA the adapters (and the embeddings or head
+        that train in full), never the frozen base. A tied lm_head is implied. A collective
+        under FSDP: every rank must call it; rank 0's result is whole."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=on_cpu, ignore_frozen_params=True)
+        state = get_model_state_dict(self.model, options=options)
         if self.arch.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         return state
@@ -260,10 +270,19 @@ class Learner:
         )
 
     def restore_state(self, state: LearnerState) -> None:
-        options = StateDictOptions(full_state_dict=True)
+        # Under LoRA the state holds what trains; the frozen base is the config's, as built.
+        if self.trained is not None and set(state.model) != self.trained:
+            raise ValueError(
+                "the checkpoint does not hold what this run trains: missing "
+                f"{sorted(self.trained - set(state.model))[:5]}, unexpected "
+                f"{sorted(set(state.model) - self.trained)[:5]} (a checkpoint of another "
+                "trainer.lora setting?)"
+            )
+        options = StateDictOptions(full_state_dict=True, strict=self.trained is None)
         model_state = dict(state.model)
-        if self.arch.tie_word_embeddings:
-            model_state["lm_head.weight"] = model_state[FAMILIES[self.arch.family].embedding_key]
+        embedding = FAMILIES[self.arch.family].embedding_key
+        if self.arch.tie_word_embeddings and embedding in model_state:
+            model_state["lm_head.weight"] = model_state[embedding]
         set_model_state_dict(self.model, model_state, options=options)
         if state.optimizer is not None:
             set_optimizer_state_dict(self.model, self.optimizer, state.optimizer, options=options)
@@ -279,10 +298,12 @@ def build_learner(config: RunConfig, parallel: Parallelism) -> Learner:
     torch.manual_seed(config.trainer.seed)
     random.seed(config.trainer.seed)
     np.random.seed(config.trainer.seed)
-    model = build_model(config.model, device=parallel.device)
-    arch = model.config
+    model = build_model(config.model, device=parallel.device, lora=config.trainer.lora)
+    arch, trained = model.config, model.trained
+    lora = config.trainer.lora
+    adapter = None if lora is None else peft_config(lora, model, base_model_name(config.model))
     model = wrap_model(model, parallel)
     optimizer = build_optimizer(model, config.trainer, shards=parallel.kind == "fsdp")
     run_steps = config.orchestrator.warm_start.max_steps + config.orchestrator.max_steps
     scheduler = build_scheduler(optimizer, lr_factor(config.trainer.schedule, run_steps))
-    return Learner(model, optimizer, scheduler, config.trainer, parallel, arch)
+    return Learner(model, optimizer, scheduler, config.trainer, parallel, arch, trained, adapter)

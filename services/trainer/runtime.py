@@ -196,6 +196,7 @@ class TrainerRuntime:
                 self.arch,
                 self.world_size,
                 self.checkpoint.keep,
+                self.coordinator.learner.adapter_config,
             )
             metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
             self.last_checkpoint = str(path)

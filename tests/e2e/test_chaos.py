@@ -92,6 +92,29 @@ def test_a_run_survives_kill_9_of_each_service(tmp_path):
     assert_complete_and_learning(out, summary, steps)
 
 
+LORA = [
+    "--set=trainer.lora.rank=16",
+    "--set=trainer.lora.alpha=32.0",
+    "--set=trainer.lora.train_embeddings=true",
+    "--set=trainer.lora.train_head=true",
+]
+"""A LoRA variant of the demo (its model is too small for adapters alone to learn much: the
+embeddings and the head train in full too)."""
+
+
+def test_a_lora_run_survives_kill_9_of_the_trainer_and_resumes_with_its_adapters(tmp_path):
+    out, steps = tmp_path / "run", 20
+    launcher = launch(out, steps, *LORA)
+    wait_for_step(launcher, out, 7)  # past the checkpoint of step 6
+    kill(out, "trainer")
+    summary, stderr = finish(launcher)
+    assert re.search(r"rlrun local: trainer\S* \(pid \d+\) was killed by SIGKILL; restarting it", stderr)
+    log = (out / "logs" / "trainer.log").read_text()
+    assert "resumed from" in log, log[-3000:]
+    assert all((path / "adapter").is_dir() for path in (out / "checkpoints").glob("step_*"))
+    assert_complete_and_learning(out, summary, steps)
+
+
 def test_a_service_that_keeps_dying_ends_the_run_at_the_restart_limit(tmp_path):
     out = tmp_path / "run"
     launcher = launch(out, 50, "--max-restarts", "1")

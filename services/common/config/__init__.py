@@ -22,7 +22,7 @@ from rlrun.common.config.run import (
     resolve_config,
 )
 from rlrun.common.config.sampling import SamplingConfig, SamplingOverrides
-from rlrun.common.config.trainer import TrainerConfig
+from rlrun.common.config.trainer import LoraConfig, TrainerConfig
 
 __all__ = [
     "POLICY",
@@ -32,6 +32,7 @@ __all__ = [
     "FiltersConfig",
     "GrpcConfig",
     "InferenceConfig",
+    "LoraConfig",
     "MemberConfig",
     "ModelConfig",
     "ModelTargetConfig",

@@ -62,6 +62,11 @@ class RunConfig(Section):
                 f"trainer.broadcast.transport = 'ipc' needs inference.engine = 'torch', not "
                 f"{self.inference.engine!r} (use 'nccl' or 'auto')"
             )
+        if self.trainer.lora is not None and self.inference.engine != "torch":
+            raise ValueError(
+                f"trainer.lora needs inference.engine = 'torch', not {self.inference.engine!r}: "
+                "only the torch engine serves the adapters (vLLM's LoRA support is not wired in)"
+            )
         longest = max(
             [self.orchestrator.train.sampling.max_completion_tokens]
             + [e.sampling.max_completion_tokens or 0 for e in self.orchestrator.train.env]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rlrun.common.config.base import Section
+
+ALL_LINEAR = "all-linear"
+"""`trainer.lora.target_modules` for every linear layer of the decoder layers (PEFT's word)."""
 
 
 class LossConfig(Section):
@@ -99,6 +102,51 @@ class OptimizerConfig(Section):
     policy moves the parameters too). Default: none."""
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA) on the model's linear layers; the base weights stay frozen,
+    and only what trains (the adapters, and the embeddings or head when asked) is optimized,
+    checkpointed and sent to inference. The torch engine builds the same adapters from this
+    table and serves them unmerged (rlrun.common.model.lora)."""
+
+    rank: int = Field(8, gt=0)
+    """Rank r of each adapter (A is [r, in], B is [out, r]). Default: 8."""
+
+    alpha: float = Field(16.0, gt=0)
+    """The update B·A is scaled by alpha / rank. Default: 16."""
+
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on an adapter's input while training (as PEFT's lora_dropout). Above 0 the
+    policy that trains is not the one that sampled (inference never drops), which the
+    importance ratio then sees as mismatch. Default: 0."""
+
+    target_modules: list[str] | Literal["all-linear"] = ALL_LINEAR
+    """Which linear layers get adapters: "all-linear" (every linear layer of the decoder
+    layers, not the head), or a list of patterns, each matching a layer by its last name
+    parts (`q_proj`, `self_attn.o_proj`), its fully qualified name
+    (`model.layers.0.mlp.down_proj`) or a glob over that name (`model.layers.1.*`). A
+    pattern that matches no linear layer of the model is an error. Default: all-linear."""
+
+    train_embeddings: bool = False
+    """The embeddings (token, and GPT-2's positions) train too, in full. Default: false."""
+
+    train_head: bool = False
+    """The output head trains too, in full. A model that ties its head to its token
+    embedding needs this equal to `train_embeddings`. Default: false."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _patterns(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError('name at least one pattern, or "all-linear"')
+            blank = [i for i, pattern in enumerate(value) if not pattern.strip()]
+            if blank:
+                raise ValueError(f"pattern {blank[0]} is empty")
+            if len(set(value)) != len(value):
+                raise ValueError("a pattern is named twice")
+        return value
+
+
 class TrainerConfig(Section):
     address: str = ""
     """gRPC host:port of the trainer (rank 0). Filled in by `rlrun local` and the operator.
@@ -145,6 +193,10 @@ class TrainerConfig(Section):
 
     broadcast: BroadcastConfig = BroadcastConfig()
     """Weight broadcast to inference replicas."""
+
+    lora: LoraConfig | None = None
+    """Train low-rank adapters instead of the whole model (`[trainer.lora]`). Default:
+    absent (full fine-tuning)."""
 
     parallel: Literal["auto", "fsdp", "ddp"] = "auto"
     """Data parallelism when launched with several ranks (torchrun): FSDP2 `fully_shard` or DDP.

@@ -9,8 +9,10 @@ from pathlib import Path
 import torch
 
 from rlrun.common.config.model import ModelConfig
+from rlrun.common.config.trainer import LoraConfig
 from rlrun.common.model.arch import ArchConfig
 from rlrun.common.model.families import create_model
+from rlrun.common.model.lora import apply_lora
 from rlrun.common.model.transformer import CausalLM
 from rlrun.common.tokenizer import load_tokenizer
 
@@ -57,8 +59,12 @@ def save_checkpoint_dir(model: CausalLM, arch_dict: dict, path: str | Path) -> P
     return path
 
 
-def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalLM:
-    """The model a service runs: the checkpoint at `cfg.path`, else a seeded random init."""
+def build_model(
+    cfg: ModelConfig, device: str | torch.device = "cpu", lora: LoraConfig | None = None
+) -> CausalLM:
+    """The model a service runs: the checkpoint at `cfg.path`, else a seeded random init;
+    with `lora` (`trainer.lora`), its adapters, drawn from `cfg.seed` so that the trainer and
+    every replica build the same."""
     if cfg.path is not None:
         model = load_checkpoint_dir(cfg.path)
     else:
@@ -77,6 +83,8 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalL
         raise ValueError(
             f"model.max_model_len {cfg.max_model_len} exceeds the model's {positions} learned positions (n_positions)"
         )
+    if lora is not None:
+        apply_lora(model, lora, cfg.seed)
     return model.to(device=device, dtype=DTYPES[cfg.dtype])
 
 

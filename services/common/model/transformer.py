@@ -33,7 +33,12 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+        return conv1d(x, self.weight, self.bias)
+
+
+def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """GPT-2's linear map with its [in, out] weight (shared with the LoRA wrapper of a Conv1D)."""
+    return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight).view(*x.shape[:-1], -1)
 
 
 class RMSNorm(nn.Module):
@@ -65,6 +70,9 @@ class CausalLM(nn.Module, ABC):
 
     config: ArchConfig
     lm_head: nn.Linear
+    trained: frozenset[str] | None = None
+    """The names of the tensors training changes, when not all of them (LoRA: the adapters;
+    rlrun.common.model.lora): a weight update carries only these."""
 
     @abstractmethod
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:

@@ -53,8 +53,12 @@ MAX_BACKOFF_S = 2.0
 
 
 def broadcast_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors a weight update carries, by Hugging Face name (a tied lm_head is implied)."""
+    """The tensors a weight update carries, by Hugging Face name (a tied lm_head is implied):
+    all of them, or (LoRA) only those training changes (`CausalLM.trained`)."""
     state = model.state_dict()
+    trained = getattr(model, "trained", None)
+    if trained is not None:
+        state = {name: tensor for name, tensor in state.items() if name in trained}
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     return state

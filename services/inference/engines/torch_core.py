@@ -114,7 +114,10 @@ class TorchEngineCore:
     @classmethod
     def from_config(cls, config: RunConfig) -> TorchEngineCore:
         """The core `rlrun serve inference` runs: the model of `[model]` on `inference.device`."""
-        return cls(build_model(config.model, device=config.inference.device), **core_settings(config))
+        return cls(
+            build_model(config.model, device=config.inference.device, lora=config.trainer.lora),
+            **core_settings(config),
+        )
 
     # -- commands ------------------------------------------------------------------------------
 

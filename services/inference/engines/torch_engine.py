@@ -133,5 +133,5 @@ def create_engine(config: RunConfig):
     """The engine `rlrun serve inference` runs for `inference.engine = "torch"`."""
     if config.inference.engine_process:
         return TorchEngineProcess(config)
-    model = build_model(config.model, device=config.inference.device)
+    model = build_model(config.model, device=config.inference.device, lora=config.trainer.lora)
     return TorchEngine(model, model_name=config.name, **core_settings(config))

@@ -138,15 +138,21 @@ class Replica:
 
 @pytest.fixture
 async def start_replica(tmp_path):
-    """start_replica(model="tiny-d64", backend="gloo", device="cpu", ranks=1) -> a running
-    RecordingInference on 127.0.0.1."""
+    """start_replica(model="tiny-d64", backend="gloo", device="cpu", ranks=1, lora=None) -> a
+    running RecordingInference on 127.0.0.1 (`lora`: a `[trainer.lora]` table; it takes the
+    adapters alone)."""
     replicas: list[Replica] = []
 
     async def start(
-        model: str = "tiny-d64", backend: str = "gloo", device: str = "cpu", ranks: int = 1
+        model: str = "tiny-d64",
+        backend: str = "gloo",
+        device: str = "cpu",
+        ranks: int = 1,
+        lora: dict | None = None,
     ) -> Replica:
         server = GrpcServer(ServerOptions(shutdown_grace_s=0), [INFERENCE])
-        expected = broadcast_tensors(build_model(synthetic_config(tmp_path, model=model).model))
+        config = synthetic_config(tmp_path, model=model, trainer={"lora": lora} if lora else None)
+        expected = broadcast_tensors(build_model(config.model, lora=config.trainer.lora))
         servicer = RecordingInference(expected, backend, device, ranks)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, server.server)
         port = await server.start()

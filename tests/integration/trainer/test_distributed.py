@@ -3,6 +3,7 @@ batches: rank 0 serves gRPC and hands every batch to rank 1; the broadcast weigh
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -34,17 +35,22 @@ def assert_weights_match(
         torch.testing.assert_close(received[name], tensor, rtol=1e-4, atol=atol, msg=name)
 
 
+LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
 # FSDP2 is what `parallel = "auto"` runs; DDP, the alternative, is in the slow suite. With
 # context_parallel = 2 both ranks train every micro-batch, each half of its tokens (ring
-# attention; its gradients against one process: test_context_parallel.py).
+# attention; its gradients against one process: test_context_parallel.py). Under LoRA only the
+# adapters train (FSDP shards frozen and trained parameters together) and travel.
 @pytest.mark.parametrize(
     "settings",
     [
         {"parallel": "fsdp"},
         pytest.param({"parallel": "ddp"}, marks=pytest.mark.slow),
         {"parallel": "fsdp", "context_parallel": 2},
+        {"parallel": "fsdp", "lora": LORA},
     ],
-    ids=["fsdp", "ddp", "fsdp-context-parallel"],
+    ids=["fsdp", "ddp", "fsdp-context-parallel", "fsdp-lora"],
 )
 async def test_two_cpu_ranks_make_the_same_update_as_one_process(
     settings, tmp_path, start_replica, spawn_service, write_run_file
@@ -52,13 +58,16 @@ async def test_two_cpu_ranks_make_the_same_update_as_one_process(
     batches = [synthetic_batch(step, num_samples=17) for step in range(2)]
     lengths = [len(s.token_ids) for s in batches[0].samples]
     assert len(pack_first_fit_decreasing(lengths, TRAINER["micro_batch_tokens"])) % 2 == 1, "rank 1 must pad"
-    replica = await start_replica()
-    trainer_settings = {**TRAINER, **settings}
+    lora = settings.get("lora")
+    replica = await start_replica(lora=lora)
+    trainer_settings = {**TRAINER, **{key: value for key, value in settings.items() if key != "lora"}}
     run_file = write_run_file(tmp_path / "run.toml", tmp_path / "out", [replica.address], trainer_settings)
-    trainer = await spawn_service([*TORCHRUN, *SERVE, "--config", str(run_file)])
+    overrides = [f"--set=trainer.lora.{key}={json.dumps(value)}" for key, value in (lora or {}).items()]
+    trainer = await spawn_service([*TORCHRUN, *SERVE, "--config", str(run_file), *overrides])
     stub = trainer_pb2_grpc.TrainerServiceStub(trainer.channel)
 
-    single = build_learner(synthetic_config(tmp_path, trainer=TRAINER), Parallelism.single())
+    one_process = TRAINER if lora is None else {**TRAINER, "lora": lora}
+    single = build_learner(synthetic_config(tmp_path, trainer=one_process), Parallelism.single())
     for batch in batches:
         reply = await submit(stub, batch)
         expected = single.train(batch)
@@ -76,6 +85,7 @@ async def test_two_cpu_ranks_make_the_same_update_as_one_process(
 
     saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(extra_state=b"x"))
     assert Path(saved.path, "meta.json").exists() and saved.step == 2
+    assert Path(saved.path, "adapter" if lora else "model").is_dir()
 
 
 async def test_two_fsdp_ranks_resume_a_single_process_checkpoint_exactly(
