@@ -95,7 +95,9 @@ class AutoWeightBroadcaster(ReplicaChannels):
     async def _choose(self, address: str) -> str:
         stub = inference_pb2_grpc.InferenceServiceStub(self.channels[address])
         try:
-            status = status_from_proto(await stub.GetStatus(status_request(), timeout=PROBE_TIMEOUT_S))
+            # Within the update's own deadline: a stalled replica must not hold the broadcast longer.
+            timeout = min(PROBE_TIMEOUT_S, self.config.timeout_s)
+            status = status_from_proto(await stub.GetStatus(status_request(), timeout=timeout))
         except grpc.aio.AioRpcError as error:
             # Not kept: the gRPC broadcaster retries it and reports it down if it stays so.
             log.warning(

@@ -76,7 +76,10 @@ class BroadcastConfig(Section):
 
     timeout_s: float = Field(120.0, gt=0)
     """Deadline of one replica's update (and of the NCCL collective; an IPC update's replica
-    answers once it has copied the weights). Default: 120."""
+    answers once it has copied the weights). The watchdog of a broadcast: a replica that stalls
+    (alive but not answering: stopped, a hung device) ends its update at this deadline, with a
+    warning naming it, while the others get theirs; it is left out of the next broadcasts and
+    re-synced once it answers again (`resync_interval_s`). Default: 120."""
 
     resync_interval_s: float = Field(2.0, gt=0)
     """How often the trainer asks every replica for its policy version. A replica behind it
