@@ -138,8 +138,8 @@ just these, so that a change elsewhere in the file does not restart its pods."""
 
 LIVE_CONFIG_KEYS: tuple[ConfigPath, ...] = (("inference", "addresses"),)
 """Keys no pod template hashes: the per-pod addresses of the inference replicas change with
-`spec.inference.replicas`, and scaling inference must not restart the trainer (which re-reads
-them from the mounted file at run time) or the orchestrator (which reads them when it starts).
+`spec.inference.replicas`, and scaling inference must not restart the trainer or the
+orchestrator (both re-read them from the mounted file at run time).
 The inference replicas themselves do not read them."""
 
 MODEL_DOWNLOAD = """\

@@ -254,8 +254,8 @@ class InferenceSpec(PodOverrides):
 
     replicas: int = Field(1, ge=1, le=256)
     """Replicas; each is one address in `inference.addresses`. Scaling restarts no pod: the
-    trainer re-reads the addresses from the run file (the orchestrator reads them when it
-    starts). With 2 or more, a PodDisruptionBudget
+    trainer and the orchestrator re-read the addresses from the run file, and the env-servers
+    generate where the orchestrator's requests say. With 2 or more, a PodDisruptionBudget
     lets node drains take them one at a time. Default: 1."""
 
     engine: Literal["torch", "vllm"] | None = None

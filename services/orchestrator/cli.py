@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(config: RunConfig, args: argparse.Namespace) -> int:
     import asyncio
 
+    from rlrun.common.config import reload_config
     from rlrun.common.service import ServiceContext, serve_main
     from rlrun.common.wire.orchestrator import RunStatus
     from rlrun.orchestrator import metrics
@@ -45,7 +46,12 @@ def main(config: RunConfig, args: argparse.Namespace) -> int:
     async def setup(ctx: ServiceContext):
         metrics.init_run(config)
         tracking.start(config)
-        run = Run(config, status)
+        run = Run(
+            config,
+            status,
+            # Inference scales under a running orchestrator: the run file's list is followed.
+            addresses=lambda: reload_config(args.config, args.overrides).inference.addresses,
+        )
 
         def stop(reason: str) -> None:
             if status.finished:

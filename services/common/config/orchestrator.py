@@ -283,6 +283,11 @@ class OrchestratorConfig(Section):
     """How long to wait at start for every env-server, the trainer and the inference replicas to
     report SERVING. Default: 300."""
 
+    replica_refresh_s: float = Field(2.0, gt=0)
+    """How often a running orchestrator re-reads `inference.addresses` from its run file
+    (the operator rewrites it when inference scales): groups sent after a change spread over
+    the new replicas, and none is lost to it (rlrun.orchestrator.run.replicas). Default: 2."""
+
     save_rollouts_interval: int = Field(0, ge=0)
     """Write every trace of every this-many-th step to `<run_dir>/rollouts/step_<N>.jsonl`
     (0 = never). Default: 0."""

@@ -22,6 +22,7 @@ from rlrun.orchestrator.credit.filters import RolloutFilters
 from rlrun.orchestrator.credit.pipeline import CreditPipelines, EnvAlgorithmSpec
 from rlrun.orchestrator.run.connections import Connections
 from rlrun.orchestrator.run.plan import RunPlans, compile_plans, member_temperatures, trained_members
+from rlrun.orchestrator.run.replicas import LiveReplicas
 from rlrun.orchestrator.run.state import OrchestratorState
 from rlrun.orchestrator.run.step import RunFailed
 
@@ -58,11 +59,11 @@ def check_members(config: RunConfig, descriptions: dict[str, EnvInfo]) -> None:
             )
 
 
-def algorithm_models(config: RunConfig) -> list[ModelEndpoint]:
-    """The model endpoints RunAlgorithms carries: the live policy and every inference target of
-    [orchestrator.models] that has replicas (e.g. `reference`), so an env-owned algorithm can
-    score with them."""
-    endpoints = [ModelEndpoint(POLICY, "inference", list(config.inference.addresses))]
+def algorithm_models(config: RunConfig, policy_addresses: list[str]) -> list[ModelEndpoint]:
+    """The model endpoints RunAlgorithms carries: the live policy (at `policy_addresses`, the
+    run's live list) and every inference target of [orchestrator.models] that has replicas
+    (e.g. `reference`), so an env-owned algorithm can score with them."""
+    endpoints = [ModelEndpoint(POLICY, "inference", policy_addresses)]
     for key, target in config.orchestrator.models.items():
         if target.kind == "inference" and target.addresses:
             endpoints.append(ModelEndpoint(key, "inference", list(target.addresses)))
@@ -140,14 +141,17 @@ class RunContext:
         connections: Connections,
         descriptions: dict[str, EnvInfo],
         failures: FailureSink | None = None,
+        replicas: LiveReplicas | None = None,
     ) -> RunContext:
-        """`failures` hears of every failing rollout of every phase (the run's status)."""
+        """`failures` hears of every failing rollout of every phase (the run's status);
+        `replicas`: the live policy's addresses as the run follows them (default: the config's)."""
         orch = config.orchestrator
         check_members(config, descriptions)
-        plans = compile_plans(config, connections.tokenizer, config.inference.addresses)
+        live = replicas.addresses if replicas is not None else list(config.inference.addresses)
+        plans = compile_plans(config, connections.tokenizer, live)
         env_by_id = {descriptions[e.key].env_id: connections.envs[e.key] for e in orch.train.env}
 
-        models = algorithm_models(config)
+        models = algorithm_models(config, live)
 
         async def run_algorithms(env_id: str, ids: list[str], traces: list[Trace]) -> list[BranchResult]:
             return await env_by_id[env_id].run_algorithms(env_id, ids, traces, orch.algorithm_args, models)

@@ -41,17 +41,18 @@ def sampling_params(
     )
 
 
-def model_endpoint(key: str, config: RunConfig) -> ModelEndpoint:
+def model_endpoint(key: str, config: RunConfig, policy_addresses: list[str] | None = None) -> ModelEndpoint:
     """The endpoint of a model key: the live policy, a key of [orchestrator.models] (an
     InferenceService, the env's rules, or an external OpenAI-compatible API), or the env's
-    rule-based oracle."""
+    rule-based oracle. `policy_addresses`: the list the live policy's endpoint holds (the
+    run's `LiveReplicas.addresses`, which follows the run file), else a copy of the config's."""
     if key == POLICY:
         if not config.inference.addresses:
             raise ConfigError("inference.addresses", "no replica of the live policy is configured")
         return ModelEndpoint(
             POLICY,
             "inference",
-            list(config.inference.addresses),
+            list(config.inference.addresses) if policy_addresses is None else policy_addresses,
             http_addresses=list(config.inference.http_addresses),
         )
     target = config.orchestrator.models.get(key)
@@ -86,26 +87,35 @@ def compile_plan(
     sampling: SamplingParams,
     tokenizer: TokenizerInfo | None = None,
     text_addresses: Sequence[str] = (),
+    policy_addresses: list[str] | None = None,
 ) -> GenerationPlan:
     """One plan: single-agent -> {"policy": actor}; multi-agent -> one target per member, where
     `actor` plays every `train` member and fixed members keep their own model. `tokenizer`:
     the live policy's, as its replicas report it (its end-of-message tokens join every
     target's stop tokens, so an env that forwards the sampling as is stops where a message
-    ends); `text_addresses`: the replicas serving its text-level RPCs."""
+    ends); `text_addresses`: the replicas serving its text-level RPCs; `policy_addresses`: see
+    model_endpoint."""
     tokenizer = tokenizer or TokenizerInfo()
     sampling = sampling.with_stop_tokens(tokenizer.stop_token_ids)
     members = config.orchestrator.members
     if not members:
         role = "train" if actor == POLICY else "fixed"
-        targets = {POLICY: PlanTarget(POLICY, role, model_endpoint(actor, config), sampling)}
+        targets = {
+            POLICY: PlanTarget(POLICY, role, model_endpoint(actor, config, policy_addresses), sampling)
+        }
     else:
         targets = {
             m.id: PlanTarget(
-                m.id, m.role, model_endpoint(actor if m.role == "train" else m.model, config), sampling
+                m.id,
+                m.role,
+                model_endpoint(actor if m.role == "train" else m.model, config, policy_addresses),
+                sampling,
             )
             for m in members
         }
-    plan = GenerationPlan(targets, tokenizer, list(text_addresses))
+    # A list is kept as is: the run's live replica list, which the plan then follows.
+    texts = text_addresses if isinstance(text_addresses, list) else list(text_addresses)
+    plan = GenerationPlan(targets, tokenizer, texts)
     try:
         plan.validate()
     except WireError as error:
@@ -214,14 +224,20 @@ def eval_entries(config: RunConfig) -> dict[str, tuple[EnvConfig, SamplingParams
 
 
 def compile_plans(
-    config: RunConfig, tokenizer: TokenizerInfo | None = None, text_addresses: Sequence[str] = ()
+    config: RunConfig, tokenizer: TokenizerInfo | None = None, policy_addresses: list[str] | None = None
 ) -> RunPlans:
-    """Every plan of the run (see compile_plan for `tokenizer` and `text_addresses`)."""
+    """Every plan of the run (see compile_plan for `tokenizer` and `policy_addresses`; the
+    live policy's replicas serve the text-level RPCs)."""
     orch = config.orchestrator
 
     def plan(actor: str, sampling: SamplingParams) -> GenerationPlan:
         return compile_plan(
-            config, actor=actor, sampling=sampling, tokenizer=tokenizer, text_addresses=text_addresses
+            config,
+            actor=actor,
+            sampling=sampling,
+            tokenizer=tokenizer,
+            text_addresses=[] if policy_addresses is None else policy_addresses,
+            policy_addresses=policy_addresses,
         )
 
     train: dict[str, GenerationPlan] = {}

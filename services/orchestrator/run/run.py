@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -39,6 +40,7 @@ from rlrun.orchestrator.run.phase import Phase, rl_phase, warmup_phase
 from rlrun.orchestrator.run.plan import samples_live_policy
 from rlrun.orchestrator.run.progress import Progress
 from rlrun.orchestrator.run.recorder import Recorder
+from rlrun.orchestrator.run.replicas import LiveReplicas
 from rlrun.orchestrator.run.step import RunFailed, RunStopped
 from rlrun.orchestrator.run.traces import TokenTexts, TraceWriter
 from rlrun.orchestrator.run.trainer_client import TrainerLost
@@ -82,7 +84,15 @@ class RunParts:
 
 
 class Run:
-    def __init__(self, config: RunConfig, status: RunStatus, options: ClientOptions | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        status: RunStatus,
+        options: ClientOptions | None = None,
+        addresses: Callable[[], list[str]] | None = None,
+    ):
+        """`addresses`: reads the live policy's replica addresses again (from the run file),
+        followed every `orchestrator.replica_refresh_s`; None keeps the config's."""
         self.config = config
         self.orch = config.orchestrator
         self.status = status
@@ -90,7 +100,9 @@ class Run:
         self.options = options or ClientOptions.from_config(config.grpc)
         self.outputs = RunOutputs(config.run_dir)
         self.progress = Progress()
-        self.token_texts = TokenTexts(config.inference.addresses, self.options)
+        self.replicas = LiveReplicas(config.inference.addresses)
+        self.read_addresses = addresses
+        self.token_texts = TokenTexts(self.replicas.addresses, self.options)
         self.recorder = Recorder(
             self.orch,
             status,
@@ -116,6 +128,11 @@ class Run:
 
     async def execute(self) -> None:
         """Runs to the end; the outcome is in `status` (never raises except on cancellation)."""
+        following = None
+        if self.read_addresses is not None:
+            following = asyncio.create_task(
+                self.replicas.follow(self.read_addresses, self.orch.replica_refresh_s), name="follow-replicas"
+            )
         try:
             parts = self.parts = await self._start()
             while True:
@@ -133,6 +150,9 @@ class Run:
             last = self.parts.evaluator.last if self.parts is not None else None
             self.recorder.failed(describe_error(error), error, isinstance(error, EXPECTED_ERRORS), last)
         finally:
+            if following is not None:
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
             await self.token_texts.close()
             if self.connections is not None:
                 await self.connections.close()
@@ -144,7 +164,9 @@ class Run:
         )
         await wait_ready(addresses, self.options, self.orch.startup_timeout_s)
         connections = self.connections = Connections(self.config, self.options)
-        context = RunContext.build(self.config, connections, await connections.describe_envs(), self.status)
+        context = RunContext.build(
+            self.config, connections, await connections.describe_envs(), self.status, self.replicas
+        )
         checkpointer = Checkpointer(connections.trainer, context, self.progress, self.outputs)
         evaluator = Evaluator(self.orch, context, self.progress, self.outputs, self.status, self._nonce)
 
