@@ -75,7 +75,7 @@ class CodeSandbox(Environment):
     def __init__(
         self,
         max_steps: int = 2,
-        max_constant: int = 9,
+        max_constant: int = 30,
         cases: int = 6,
         max_tool_calls: int = 0,
         runtime: SandboxRuntime | None = None,
