@@ -74,7 +74,7 @@ def file_safe(text: str) -> str:
 
 class EnvConfig(Section):
     id: str
-    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`,
+    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `code-sandbox`, `debate`,
     `dataset`: tasks from a data file or a Hugging Face dataset) or
     the import path `package.module:Class` of an Environment subclass. Required."""
 
