@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +18,8 @@ from rlrun.env_server.runtimes.local import LocalRuntime
 from rlrun.env_server.runtimes.registry import RuntimeOptionError
 from rlrun.env_server.server.rollout import CANCELLED, RolloutJob, Runtime, run_rollouts
 
+from ...support.sandbox_procs import gone, sandbox_base, started
 from .test_rollout import plan
-from .test_sandbox import gone, processes_with
 
 
 class ScriptedClient:
@@ -43,10 +40,8 @@ class ScriptedClient:
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    folder = Path(tempfile.gettempdir()) / "rlrun-sandbox-tests" / secrets.token_hex(6)
-    folder.mkdir(parents=True)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    with sandbox_base() as folder:
+        yield folder
 
 
 def env_in(base: Path, **args) -> CodeSandbox:
@@ -130,10 +125,7 @@ async def test_cancelling_or_abandoning_mid_command_leaves_no_sandbox(tokenizer,
     cancelled = asyncio.Event()
     client = ScriptedClient(tokenizer, ["bash(sleep 35.2468)"])
     running = asyncio.ensure_future(rollouts(env, tokenizer, client, cancelled=cancelled))
-    for _ in range(400):
-        if len(processes_with("35.2468")) >= 2:
-            break
-        await asyncio.sleep(0.025)
+    assert await started("35.2468", count=2)
     cancelled.set()
     for trace in await running:
         assert trace.stop_condition == "cancelled" and trace.errors == [CANCELLED]
@@ -143,10 +135,7 @@ async def test_cancelling_or_abandoning_mid_command_leaves_no_sandbox(tokenizer,
     abandoned = asyncio.ensure_future(
         rollouts(env, tokenizer, ScriptedClient(tokenizer, ["bash(sleep 36.1357)"]))
     )
-    for _ in range(400):
-        if processes_with("36.1357"):
-            break
-        await asyncio.sleep(0.025)
+    assert await started("36.1357")
     abandoned.cancel()
     with pytest.raises(asyncio.CancelledError):
         await abandoned

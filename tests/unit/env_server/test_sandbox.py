@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import shutil
 import signal
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +18,8 @@ from rlrun.env_server.runtimes.local import LocalRuntime
 from rlrun.env_server.runtimes.registry import RuntimeOptionError, make_runtime
 from rlrun.env_server.sdk.sandbox import SandboxError
 
+from ...support.sandbox_procs import gone, sandbox_base, started
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -28,38 +27,10 @@ def exists(path: str | Path) -> bool:
     return os.path.exists(path)
 
 
-def processes_with(marker: str) -> list[int]:
-    """Pids whose command line holds `marker` (this test's own process excepted)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-async def gone(marker: str, polls: int = 200) -> bool:
-    """Whether every process with `marker` has ended (killed processes take a moment to be reaped)."""
-    for _ in range(polls):
-        if not processes_with(marker):
-            return True
-        await asyncio.sleep(0.025)
-    return False
-
-
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A folder for this test's sandboxes that their user may enter (pytest's tmp_path is
-    private to root)."""
-    folder = Path(tempfile.gettempdir()) / "rlrun-sandbox-tests" / secrets.token_hex(6)
-    folder.mkdir(parents=True)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    with sandbox_base() as folder:
+        yield folder
 
 
 @pytest.fixture
@@ -192,10 +163,7 @@ async def test_cpu_time_is_limited(base):
 async def test_closing_during_a_command_kills_it_and_removes_the_folder(runtime):
     sandbox = await runtime.create({})
     running = asyncio.ensure_future(sandbox.run("sleep 32.4321"))
-    for _ in range(200):
-        if processes_with("32.4321"):
-            break
-        await asyncio.sleep(0.025)
+    assert await started("32.4321")
     sandbox.close()
     result = await running
     assert result.exit_code == 137
@@ -230,11 +198,7 @@ async def test_a_worker_killed_mid_command_leaves_no_process_and_its_folder_is_r
     )
     assert worker.stdout is not None
     folder = Path((await worker.stdout.readline()).decode().strip())
-    for _ in range(400):
-        if processes_with("33.5678"):
-            break
-        await asyncio.sleep(0.025)
-    assert processes_with("33.5678"), "the command never started"
+    assert await started("33.5678"), "the command never started"
     worker.send_signal(signal.SIGKILL)
     await worker.wait()
     assert await gone("33.5678")  # --die-with-parent and the pid namespace took them down
