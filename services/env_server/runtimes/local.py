@@ -18,6 +18,7 @@ runs meanwhile, because a command's processes all end with it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import secrets
@@ -146,10 +147,12 @@ class LocalRuntime(SandboxRuntime):
                     shutil.rmtree(entry, ignore_errors=True)
 
     async def create(self, files: Mapping[str, str]) -> Sandbox:
+        parent = self.own_root()
         if not self._swept:
             self._sweep()
             self._swept = True
-        parent = self.own_root()
+            # This process's folder goes when it exits (its sandboxes went when they closed).
+            atexit.register(_remove_empty, parent)
         parent.mkdir(parents=True, exist_ok=True)
         folder = parent / secrets.token_hex(8)
         folder.mkdir(mode=0o700)
@@ -305,6 +308,11 @@ class LocalSandbox(Sandbox):
         self._running.clear()
         self.closed = True
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _remove_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:

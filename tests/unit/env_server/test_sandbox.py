@@ -180,6 +180,9 @@ from rlrun.env_server.runtimes.local import LocalRuntime
 async def main():
     sandbox = await LocalRuntime(root=sys.argv[1], timeout_s=60).create({"f.txt": "x"})
     print(sandbox.folder, flush=True)
+    if sys.argv[2] == "exit":
+        sandbox.close()
+        return
     await sandbox.run("sleep 33.5678")
 
 asyncio.run(main())
@@ -193,6 +196,7 @@ async def test_a_worker_killed_mid_command_leaves_no_process_and_its_folder_is_r
         "-c",
         WORKER,
         str(root),
+        "hang",
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
@@ -259,3 +263,19 @@ def test_runtime_options_are_checked_naming_the_field(config, field):
         make_runtime(config)
     assert caught.value.field == field
     assert str(caught.value).startswith(f"runtime.{field}: ")
+
+
+async def test_a_process_that_exits_leaves_no_folder(base):
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        WORKER,
+        str(base),
+        "exit",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert worker.stdout is not None
+    folder = Path((await worker.stdout.readline()).decode().strip())
+    assert await worker.wait() == 0
+    assert folder.parent.parent == base and not exists(folder.parent)
