@@ -28,7 +28,7 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-async def gone(marker: str, polls: int = 400) -> bool:
+async def gone(marker: str, polls: int = 2400) -> bool:
     """Whether every process with `marker` has ended (killed processes take a moment to be reaped)."""
     for _ in range(polls):
         if not processes_with(marker):
@@ -37,7 +37,7 @@ async def gone(marker: str, polls: int = 400) -> bool:
     return False
 
 
-async def started(marker: str, count: int = 1, polls: int = 400) -> bool:
+async def started(marker: str, count: int = 1, polls: int = 2400) -> bool:
     """Whether `count` processes with `marker` are running (waiting a while for them)."""
     for _ in range(polls):
         if len(processes_with(marker)) >= count:

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlrun.bench.procfs import descendants
 from rlrun.env_server.sdk.sandbox import CommandResult, RetryPolicy, Sandbox, SandboxError, SandboxRuntime
 
 WORKSPACE = "/workspace"
@@ -316,7 +317,12 @@ def _remove_empty(folder: Path) -> None:
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL to bwrap's process group; the sandbox's pid namespace dies with bwrap."""
+    """SIGKILL to bwrap and the processes below it, innermost first: the sandbox's pid
+    namespace dies with its first process, and bwrap's `--die-with-parent` alone would miss a
+    child that bwrap had started but not yet told to die with it."""
+    for pid in reversed(descendants(process.pid)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
 
