@@ -10,7 +10,7 @@ export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 
-.PHONY: setup k8s-tools cluster prometheus-tools node-tools chromium-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
+.PHONY: setup k8s-tools cluster prometheus-tools node-tools chromium-tools sandbox-tools run test test-unit test-slow test-gpu test-vllm-cpu proto lint typecheck bench crd chart clean
 
 # The Node example env-server's packages (tests/e2e/test_external_env.py runs it through
 # `rlrun local`): `npm ci` again only when its lock file changes.
@@ -26,7 +26,7 @@ NODE_STAMP := $(NODE_DIR)/.setup-stamp
 BROWSER_TEST := tests/browser
 BROWSER_TEST_STAMP := $(BROWSER_TEST)/node_modules/.package-lock.json
 
-setup: $(STAMP) prometheus-tools node-tools chromium-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BROWSER_TEST_STAMP) $(BIN)/hadolint k8s-tools
+setup: $(STAMP) prometheus-tools node-tools chromium-tools sandbox-tools $(NODE_STAMP) $(EXTERNAL_ENV_NODE_STAMP) $(BROWSER_TEST_STAMP) $(BIN)/hadolint k8s-tools
 
 # The test cluster (tests/support/kubecluster, docs/testing-kubernetes.md): kube-apiserver,
 # kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes, etcd, kwok, Kueue,
@@ -61,6 +61,13 @@ chromium-tools:
 	@command -v chromium >/dev/null || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
+
+# bwrap (Debian's `bubblewrap`) for the `local` sandbox runtime (services/env_server/runtimes/local.py)
+# and its tests, installed only when missing, as prometheus-tools does: the tests fail without it.
+sandbox-tools:
+	@command -v bwrap >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends bubblewrap; }
 
 # promtool and prometheus (Debian's `prometheus`) for the chart's rule tests and the real-Prometheus
 # observability tests, installed only when missing (CI runs as root; elsewhere through sudo).

@@ -310,10 +310,14 @@ def _bind_args(key: str, env: EnvConfig, cls: Any) -> None:
 
 def _build(key: str, env: EnvConfig) -> Any:
     from rlrun.env_server.envs.registry import make_env
+    from rlrun.env_server.runtimes.registry import RuntimeOptionError
 
     harness = env.harness.model_dump() if env.harness is not None else None
+    runtime = env.runtime.model_dump() if env.runtime is not None else None
     try:
-        return make_env(env.id, env.args, harness)
+        return make_env(env.id, env.args, harness, runtime)
+    except RuntimeOptionError as error:
+        raise ConfigError(f"{key}.runtime.{error.field}", error.message) from None
     except Exception as error:  # the env's own constructor: any of its errors is the entry's
         message = str(error).removeprefix(f"environment {env.id!r}: ")
         raise ConfigError(f"{key}.args", f"env {env.id!r} cannot be built: {message}") from None

@@ -29,6 +29,10 @@ BENCHMARKS = {
         "torch engine vs a raw batched decode loop and sequential generate",
     ),
     "env-server": ("rlrun.bench.env_server", "env-server overhead per rollout vs calling inference directly"),
+    "sandbox": (
+        "rlrun.bench.sandbox",
+        "local (bubblewrap) sandboxes/s created and destroyed; per-command time vs running it directly",
+    ),
     "trainer": ("rlrun.bench.trainer", "trainer step vs a bare torch loop; broadcast vs a raw gRPC stream"),
     "orchestrator": ("rlrun.bench.orchestrator", "traces/s through algorithms, flattening and batching"),
     "async": (

@@ -237,9 +237,20 @@ def check_operator_scale(last: dict, result: subprocess.CompletedProcess) -> Non
         assert progress in result.stderr, progress
 
 
+def check_sandbox(last: dict, result: subprocess.CompletedProcess) -> None:
+    assert last["sandboxes_per_s"] > 0 and last["sandboxes_with_command_per_s"] > 0
+    assert last["ratio_vs_direct"] == pytest.approx(last["command_ms"] / last["direct_ms"])
+    assert last["python_ratio_vs_direct"] == pytest.approx(
+        last["python_command_ms"] / last["python_direct_ms"]
+    )
+    for stage in ("sandboxes created and destroyed", "sandboxed vs direct"):
+        assert stage in result.stderr
+
+
 CHECKS: dict[str, Check] = {
     "inference": check_inference,
     "env-server": check_env_server,
+    "sandbox": check_sandbox,
     "memory": check_memory,
     "trainer": check_trainer,
     "orchestrator": check_orchestrator,

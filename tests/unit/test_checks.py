@@ -307,3 +307,23 @@ def test_an_unknown_tool_call_parser_is_refused_naming_the_key_and_the_nearest(c
         assert (
             main(["check-config", path, "--no-devices", "--set", f"inference.tool_call_parser={name!r}"]) == 0
         )
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "message"),
+    [
+        ("memroy_mb=256", "memroy_mb", "takes no option 'memroy_mb' (did you mean memory_mb?)"),
+        ("memory_mb=0", "memory_mb", "must be > 0"),
+        ("bwrap='no-such-bwrap'", "bwrap", "is not on PATH"),
+    ],
+)
+def test_a_sandbox_runtime_option_is_named_in_the_finding(override, field, message):
+    text = finding(
+        f"orchestrator.train.env.0.runtime={{type = 'local', {override}}}", path="code_sandbox.toml"
+    )
+    assert text.startswith(f"orchestrator.train.env.0.runtime.{field}: ") and message in text
+
+
+def test_a_runtime_for_an_env_that_runs_no_commands_is_refused():
+    text = finding("orchestrator.train.env.0.runtime={type = 'local'}")
+    assert text.startswith("orchestrator.train.env.0.runtime.type: ") and "runs no commands" in text

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlrun.common.config.base import Section
 from rlrun.common.config.deprecations import ConfigError
@@ -50,6 +50,18 @@ class HarnessConfig(Section):
     """Keyword arguments of the harness (e.g. `max_turns`). Default: {}."""
 
 
+class RuntimeConfig(Section):
+    """Where the env's episodes run commands: `{type = "local", memory_mb = 512, ...}`. The keys
+    besides `type` are the backend's options (rlrun.env_server.runtimes), checked by
+    `rlrun check-config` and the env-server as they build it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    """Backend: `local` (bubblewrap on the env-server's machine) or the import path
+    `package.module:Class` of a SandboxRuntime subclass. Required."""
+
+
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """An env entry's name goes into log and output file names and metric labels."""
 
@@ -62,7 +74,7 @@ def file_safe(text: str) -> str:
 
 class EnvConfig(Section):
     id: str
-    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `debate`,
+    """Environment id: a built-in (`reverse-text`, `alphabet-sort`, `arithmetic`, `tool-calc`, `code-sandbox`, `debate`,
     `dataset`: tasks from a data file or a Hugging Face dataset) or
     the import path `package.module:Class` of an Environment subclass. Required."""
 
@@ -77,6 +89,10 @@ class EnvConfig(Section):
     harness: HarnessConfig | None = None
     """The harness that runs this env's episodes, e.g. `{id = "multi-turn", args = {max_turns =
     3}}`. Default: unset (the env's own)."""
+
+    runtime: RuntimeConfig | None = None
+    """The sandbox backend of an env that runs commands, e.g. `{type = "local", timeout_s = 5}`.
+    Default: unset (the env's own, if it needs one)."""
 
     ratio: float = Field(1.0, gt=0)
     """Relative share of the groups this env gets. Default: 1."""
@@ -110,13 +126,13 @@ class EnvConfig(Section):
         return self.name or file_safe(self.id)
 
 
-STARTED_SERVER_KEYS = ("args", "harness", "pool")
+STARTED_SERVER_KEYS = ("args", "harness", "runtime", "pool")
 """Keys of an env entry that configure the env-server rlrun starts for it."""
 
 
 def check_external_envs(entries: Sequence[EnvConfig], where: str) -> None:
     """An external entry (one with `address`, as the user's run file gives it) has no
-    env-server that rlrun starts, so nothing could honour its `args`, `harness` or `pool`: a
+    env-server that rlrun starts, so nothing could honour its `args`, `harness`, `runtime` or `pool`: a
     ConfigError names the key. Checked where the user's file is read (rlrun.checks), not in
     the services, whose entries for started env-servers get an address from the launcher."""
     for i, entry in enumerate(entries):

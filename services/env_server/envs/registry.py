@@ -5,9 +5,11 @@ be importable by the env-server and its workers)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from rlrun.common.registry import Registry
+from rlrun.env_server.runtimes.registry import RuntimeOptionError, make_runtime
 from rlrun.env_server.sdk.environment import Environment
 from rlrun.env_server.sdk.harnesses.registry import make_harness
 
@@ -17,6 +19,7 @@ BUILTIN.register_path("reverse-text", "rlrun.env_server.envs.reverse_text:Revers
 BUILTIN.register_path("alphabet-sort", "rlrun.env_server.envs.alphabet_sort:AlphabetSort")
 BUILTIN.register_path("arithmetic", "rlrun.env_server.envs.arithmetic:Arithmetic")
 BUILTIN.register_path("tool-calc", "rlrun.env_server.envs.tool_calc:ToolCalc")
+BUILTIN.register_path("code-sandbox", "rlrun.env_server.envs.code_sandbox:CodeSandbox")
 BUILTIN.register_path("debate", "rlrun.env_server.envs.debate:Debate")
 BUILTIN.register_path("dataset", "rlrun.env_server.envs.dataset:DatasetEnv")
 
@@ -43,11 +46,24 @@ def env_args(env_id: str, args: dict[str, Any]) -> dict[str, Any]:
     return dict(args)
 
 
-def make_env(env_id: str, args: dict[str, Any], harness: dict[str, Any] | None = None) -> Environment:
-    """Builds the environment with the entry's `args` as keyword arguments; with `harness`
-    (the entry's `{id, args}`), that harness replaces the env's own (harnesses/registry.py)."""
+def make_env(
+    env_id: str,
+    args: dict[str, Any],
+    harness: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
+) -> Environment:
+    """Builds the environment with the entry's `args` as keyword arguments; with `runtime` (the
+    entry's `{type, ...}`), that sandbox backend is the env's `runtime` argument
+    (runtimes/registry.py; RuntimeOptionError naming the option that is wrong); with `harness` (the entry's `{id, args}`), that harness
+    replaces the env's own (harnesses/registry.py)."""
     cls = resolve(env_id)
     args = env_args(env_id, args)
+    if runtime is not None:
+        if "runtime" not in inspect.signature(cls).parameters:
+            raise RuntimeOptionError(
+                "type", f"environment {env_id!r} runs no commands: its class takes no `runtime`"
+            )
+        args["runtime"] = make_runtime(runtime)
     try:
         env = cls(**args)
     except TypeError as error:

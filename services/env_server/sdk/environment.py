@@ -13,6 +13,7 @@ from rlrun.env_server.sdk.algorithms import EnvAlgorithm
 from rlrun.env_server.sdk.episode import Episode
 from rlrun.env_server.sdk.harness import Harness
 from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode
+from rlrun.env_server.sdk.sandbox import SandboxRuntime
 from rlrun.env_server.sdk.task import MemberScores, Score, Task
 from rlrun.env_server.sdk.taskset import Taskset
 
@@ -27,6 +28,10 @@ class Environment(ABC):
 
     taskset: Taskset
     harness: Harness
+
+    runtime: SandboxRuntime | None = None
+    """Where the env's episodes run commands (rlrun.env_server.sdk.sandbox): an env that needs
+    one builds its default; an env entry's `runtime = {type = ...}` replaces it."""
 
     members: tuple[str, ...] = ()
     """Member ids of a multi-agent env; empty for single-agent envs (one member, `policy`). A

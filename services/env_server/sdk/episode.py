@@ -13,6 +13,7 @@ from rlrun.common.wire.inference import Completion
 from rlrun.common.wire.trace import StopCondition
 from rlrun.env_server.sdk.conversation import Conversation
 from rlrun.env_server.sdk.models import Model
+from rlrun.env_server.sdk.sandbox import Sandbox
 from rlrun.env_server.sdk.task import Task
 
 POLICY = "policy"
@@ -30,6 +31,8 @@ class Episode:
         self.info: dict[str, str] = {}
         """Free-form facts about the episode (e.g. `learner_seat`), copied into every trace's info."""
         self.generation_s = 0.0
+        self.sandbox: Sandbox | None = None
+        """The episode's sandbox, when its harness made one (the rollout runner destroys it)."""
 
     @property
     def conversation(self) -> Conversation:

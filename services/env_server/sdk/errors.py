@@ -11,6 +11,7 @@ import asyncio
 import grpc
 
 from rlrun.common.wire.trace import TraceError
+from rlrun.env_server.sdk.sandbox import SandboxError
 
 RETRYABLE_CODES = frozenset(
     {
@@ -64,6 +65,8 @@ def trace_error(error: BaseException) -> TraceError:
         return TraceError("InvalidModelOutput", str(error), True)
     if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return TraceError("Timeout", str(error) or "timed out", True)
+    if isinstance(error, SandboxError):
+        return TraceError("SandboxError", str(error), True)
     if isinstance(error, PromptNotEncodable):
         return TraceError("PromptNotEncodable", str(error), False)
     if isinstance(error, ScoringError):

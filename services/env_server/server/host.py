@@ -60,7 +60,8 @@ class EnvHost:
         self.key = entry.key
         init_env(self.key)
         harness = entry.harness.model_dump() if entry.harness else None
-        self.env = make_env(entry.id, entry.args, harness)
+        runtime = entry.runtime.model_dump() if entry.runtime else None
+        self.env = make_env(entry.id, entry.args, harness, runtime)
         self.temperature = entry.sampling.apply(config.orchestrator.train.sampling).temperature
         tokenizer, self.tokenizer = load_with_info(config.model.tokenizer, config.model.path)
         self.vocab_size = tokenizer.vocab_size
@@ -70,6 +71,7 @@ class EnvHost:
                 env_id=entry.id,
                 env_args=dict(entry.args),
                 harness=harness,
+                runtime=runtime,
                 tokenizer_path=config.model.tokenizer,
                 checkpoint_dir=config.model.path,
                 max_model_len=config.model.max_model_len,
@@ -79,6 +81,8 @@ class EnvHost:
                 log_level=config.log_level,
             ),
             entry.pool,
+            # A worker that dies leaves its sandboxes' folders; the pool removes them.
+            reap=self.env.runtime.reap if self.env.runtime is not None else None,
         )
         self.rollout_log = RolloutLog(log_dir, self.key)
         self.scorer = ModelScorer(client_options)

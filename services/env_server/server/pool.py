@@ -26,6 +26,7 @@ import logging
 import multiprocessing
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
@@ -79,9 +80,11 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, spec: WorkerSpec, config: PoolConfig):
+    def __init__(self, spec: WorkerSpec, config: PoolConfig, reap: Callable[[int], None] | None = None):
+        """`reap(pid)`: removes what a worker that died left behind (its sandboxes)."""
         self.spec = spec
         self.config = config
+        self.reap = reap
         self.workers: list[_Worker] = []
         self._context = multiprocessing.get_context("spawn")
         self._futures: dict[int, asyncio.Future] = {}
@@ -250,6 +253,8 @@ class WorkerPool:
                 worker.process.pid,
                 worker.process.exitcode,
             )
+        if lost and self.reap is not None and worker.process.pid is not None:
+            self.reap(worker.process.pid)
         for job_id in list(worker.jobs):
             self._release(worker, job_id)
             future = self._futures.pop(job_id, None)

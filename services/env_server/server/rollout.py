@@ -32,6 +32,7 @@ from rlrun.env_server.sdk.models import (
 )
 from rlrun.env_server.sdk.multi_agent import MultiAgentEpisode
 from rlrun.env_server.sdk.openai_client import OpenAIClients
+from rlrun.env_server.sdk.sandbox import close_sandboxes
 from rlrun.env_server.sdk.task import MemberScores, Score, Task
 
 log = logging.getLogger("rlrun.env_server.rollout")
@@ -281,6 +282,8 @@ async def run_rollouts(
         for episode in episodes:
             if not episode.done:
                 episode.fail(error)
+    finally:  # also when the job is abandoned (cancelled): no sandbox outlives its rollout
+        close_sandboxes([episode.sandbox for episode in episodes])
     for episode in episodes:
         if episode.done:
             continue

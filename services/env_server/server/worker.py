@@ -79,6 +79,8 @@ class WorkerSpec:
     log_level: str = "INFO"
     harness: dict[str, Any] | None = None
     """The entry's `harness = {id, args}`; None: the env's own."""
+    runtime: dict[str, Any] | None = None
+    """The entry's `runtime = {type, ...}`; None: the env's own."""
 
 
 def worker_main(spec: WorkerSpec, sock: socket.socket) -> None:
@@ -142,7 +144,7 @@ async def _serve(spec: WorkerSpec, sock: socket.socket) -> None:
     tokenizer = load_tokenizer(spec.tokenizer_path, spec.checkpoint_dir)
     client = InferenceClient(spec.client_options, spec.unavailable_retry_s)
     worker = _Worker(
-        make_env(spec.env_id, spec.env_args, spec.harness),
+        make_env(spec.env_id, spec.env_args, spec.harness, spec.runtime),
         Runtime(
             tokenizer, client, spec.max_model_len, tokenizer_path=spec.tokenizer_path or spec.checkpoint_dir
         ),

@@ -15,11 +15,15 @@ from env_test_servers import REPO
 from rlrun.common.config import PoolConfig
 from rlrun.common.wire.plan import GenerationPlan, ModelEndpoint, PlanTarget
 from rlrun.common.wire.sampling import SamplingParams
+from rlrun.env_server.envs.code_sandbox import CodeSandbox
 from rlrun.env_server.envs.reverse_text import ReverseText
+from rlrun.env_server.runtimes.registry import make_runtime
 from rlrun.env_server.server.pool import JobCancelled, WorkerLost, WorkerPool
 from rlrun.env_server.server.rollout import RolloutJob
 from rlrun.env_server.server.worker import WorkerSpec
 from rlrun.v1 import env_pb2, trace_pb2
+
+from ...support.sandbox_procs import gone, sandbox_base, started
 
 TASKS = ReverseText().taskset
 
@@ -181,3 +185,49 @@ async def test_a_worker_that_cannot_build_its_env_fails_the_start(tmp_path):
     assert pool.workers == []
     with pytest.raises(WorkerLost, match="stopping"):
         await pool.run(1, job("127.0.0.1:1", 1), 5, asyncio.Event())
+
+
+async def test_a_worker_killed_mid_sandbox_command_leaves_no_process_and_its_pool_reaps_its_folder(
+    tmp_path, inference, inference_server
+):
+    with sandbox_base() as base:
+        runtime = {"type": "local", "root": str(base), "timeout_s": 60}
+        spec = WorkerSpec(
+            env_key="code-sandbox",
+            env_id="code-sandbox",
+            env_args={"max_tool_calls": 3},
+            runtime=runtime,
+            tokenizer_path=REPO / "configs/tokenizer/char",
+            checkpoint_dir=None,
+            max_model_len=128,
+            log_dir=tmp_path,
+        )
+        pool = WorkerPool(spec, PoolConfig(type="static", num_workers=1), reap=make_runtime(runtime).reap)
+        await pool.start()
+        try:
+            inference.policy = lambda tokenizer, prompt: "bash(sleep 37.1113)"
+            target = PlanTarget(
+                "policy",
+                "train",
+                ModelEndpoint("policy", "inference", [inference_server.address]),
+                SamplingParams(max_tokens=40),
+            )
+            task = CodeSandbox().taskset.get("train", 3)
+            doomed = asyncio.ensure_future(
+                pool.run(
+                    1,
+                    RolloutJob("code-sandbox", task, GenerationPlan({"policy": target}), "g", ["g/0", "g/1"]),
+                    60,
+                    asyncio.Event(),
+                )
+            )
+            assert await started("37.1113", count=2), "the sandboxed commands never started"
+            [victim] = pool.workers
+            assert (base / str(victim.process.pid)).is_dir()
+            os.kill(victim.process.pid, signal.SIGKILL)
+            with pytest.raises(WorkerLost):
+                await doomed
+            assert await gone("37.1113")  # bwrap's --die-with-parent and pid namespace
+            assert not (base / str(victim.process.pid)).exists()  # reaped by the pool
+        finally:
+            await pool.stop()

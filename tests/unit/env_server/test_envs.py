@@ -142,7 +142,7 @@ def test_tool_calc_scores_the_final_answer(tokenizer):
 
 
 def test_the_registry_knows_every_builtin_and_import_paths():
-    generated = {"reverse-text", "alphabet-sort", "arithmetic", "tool-calc", "debate"}
+    generated = {"reverse-text", "alphabet-sort", "arithmetic", "tool-calc", "code-sandbox", "debate"}
     assert set(BUILTIN) == generated | {"dataset"}  # dataset: tests/unit/env_server/test_dataset_env.py
     for env_id in generated:
         assert make_env(env_id, {}).taskset.sizes["eval"] == 256

@@ -6,6 +6,8 @@ Built-in ids take what they need from the env:
 - `multi-turn`: the env's `feedback(task, episode)` answers each turn (None ends the episode);
   args `max_turns`, `rewrite_history`.
 - `tool-calling`: the env's `tools` (name -> callable); args `max_tool_calls`.
+- `sandbox-tools`: `bash`, `read_file`, `write_file`, `run_tests` in the env's `runtime` (and its
+  `grade`, if it has one); args `max_tool_calls`, `timeout_s`.
 An installed harness (entry point group `rlrun.harnesses`) or an import path
 `package.module:Class` names a Harness subclass, built with the args as keyword arguments (plus
 `env=` when its constructor takes an `env` parameter). The registry is `rlrun.common.registry`'s.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rlrun.common.registry import Registry
 from rlrun.env_server.sdk.harness import Harness
 from rlrun.env_server.sdk.harnesses.multi_turn import MultiTurnHarness
+from rlrun.env_server.sdk.harnesses.sandbox_tools import SandboxToolHarness
 from rlrun.env_server.sdk.harnesses.single_turn import SingleTurnHarness
 from rlrun.env_server.sdk.harnesses.tool_calling import ToolCallingHarness
 
@@ -45,6 +48,12 @@ HARNESSES.register(
 )
 HARNESSES.register(
     "tool-calling", lambda env, **args: ToolCallingHarness(_needs(env, "tools", "tool-calling"), **args)
+)
+HARNESSES.register(
+    "sandbox-tools",
+    lambda env, **args: SandboxToolHarness(
+        _needs(env, "runtime", "sandbox-tools"), getattr(env, "grade", None), **args
+    ),
 )
 
 
