@@ -25,8 +25,8 @@ import grpc
 
 from rlrun.bench import emit_result, stage
 from rlrun.bench.env_server import CONFIG, ENV, GROUP_SIZE, Workload
-from rlrun.bench.procfs import descendants, tree_rss
 from rlrun.bench.services import start_service, stop_service
+from rlrun.common.procfs import descendants, tree_rss
 from rlrun.v1 import env_pb2_grpc
 
 ROLLOUTS_PER_ROUND, IN_FLIGHT = 512, 256

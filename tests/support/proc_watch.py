@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlrun.bench.procfs import cpu_seconds, descendants, rss_bytes
+from rlrun.common.procfs import cpu_seconds, descendants, rss_bytes
 
 
 @dataclass

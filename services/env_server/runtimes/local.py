@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlrun.bench.procfs import descendants
+from rlrun.common.procfs import descendants
 from rlrun.env_server.sdk.sandbox import CommandResult, RetryPolicy, Sandbox, SandboxError, SandboxRuntime
 
 WORKSPACE = "/workspace"
