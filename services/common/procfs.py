@@ -11,6 +11,17 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts: signalling it is refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def descendants(pid: int) -> list[int]:
     """`pid` and every process below it (read from each thread's `children`)."""
     found, todo = [], [pid]

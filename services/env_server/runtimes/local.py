@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlrun.common.procfs import descendants
+from rlrun.common.procfs import alive, descendants
 from rlrun.env_server.sdk.sandbox import CommandResult, RetryPolicy, Sandbox, SandboxError, SandboxRuntime
 
 WORKSPACE = "/workspace"
@@ -42,16 +42,6 @@ def _positive(name: str, value: float) -> None:
 
     if not value > 0:
         raise RuntimeOptionError(name, f"must be > 0, got {value}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LocalRuntime(SandboxRuntime):
@@ -144,7 +134,7 @@ class LocalRuntime(SandboxRuntime):
         could reap it, an env-server killed with its pool)."""
         with contextlib.suppress(FileNotFoundError):
             for entry in self.root.iterdir():
-                if entry.name.isdigit() and not _pid_alive(int(entry.name)):
+                if entry.name.isdigit() and not alive(int(entry.name)):
                     shutil.rmtree(entry, ignore_errors=True)
 
     async def create(self, files: Mapping[str, str]) -> Sandbox:

@@ -3,7 +3,6 @@ target patterns, a frozen base, merging, and the PEFT adapter files read by `pef
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -173,7 +172,6 @@ def test_peft_names_round_trip():
     assert back.keys() == trained.keys()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
 @pytest.mark.parametrize(
     ("config", "lora"),
     [

@@ -19,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from rlrun.common.procfs import alive
+
 from ..processes import ClusterError
 
 ALIAS_PREFIX = "rlrun-kubecluster:"
@@ -49,16 +51,6 @@ def _used_networks() -> set[ipaddress.IPv4Network]:
     return used
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def collect_stale_bridges() -> list[str]:
     """Deletes the bridges whose creating process is gone; returns their names."""
     removed = []
@@ -66,7 +58,7 @@ def collect_stale_bridges() -> list[str]:
         alias = link.get("ifalias", "")
         if link["ifname"].startswith(BRIDGE_PREFIX) and alias.startswith(ALIAS_PREFIX):
             pid = int(alias[len(ALIAS_PREFIX) :])
-            if not _pid_alive(pid):
+            if not alive(pid):
                 ip("link", "del", link["ifname"], check=False)
                 removed.append(link["ifname"])
     return removed
