@@ -251,13 +251,15 @@ async def test_gpu_pods_land_on_gpu_nodes_and_cpu_pods_elsewhere(
         for p in by_component["inference"]
     ]
     assert sorted(zones) == ["zone-a", "zone-a", "zone-b", "zone-b"]
-    # The status sees every workload ready.
-    ready = await eventually(
-        lambda: (r := get_run(kube, namespace, name)) and conditions(r).get("InferenceReady") == "True" and r,
+    # The status sees every workload ready. Each condition follows its StatefulSet's
+    # readyReplicas, which the controller-manager updates on its own after the pods turn Ready,
+    # so the two are waited for together rather than one read after the other.
+    await eventually(
+        lambda: (r := get_run(kube, namespace, name))
+        and {conditions(r).get("InferenceReady"), conditions(r).get("TrainerReady")} == {"True"},
         timeout=30,
-        message="InferenceReady",
+        message="InferenceReady and TrainerReady",
     )
-    assert conditions(ready)["TrainerReady"] == "True"
 
 
 async def test_why_a_pod_does_not_run_comes_from_the_scheduler_and_the_kubelet(

@@ -22,7 +22,9 @@ from rlrun.orchestrator.run.run import Run
 from rlrun.v1 import inference_pb2, inference_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]
-STEPS = 10
+# The checks need 9 steps or so; the rest is room for a loaded machine, where a step may pass
+# while a service picks up the new set (a run of 10 once ended before the last check).
+STEPS = 24
 GENERATED = re.compile(r"^rlrun_inference_generated_tokens_total (\S+)$", re.MULTILINE)
 
 
