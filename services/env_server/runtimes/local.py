@@ -262,6 +262,10 @@ class LocalSandbox(Sandbox):
         finally:
             os.close(started_write)
         self._running.add(process)
+        if self.closed:
+            # close() ran while bwrap was being started, before it could be seen here: it is
+            # killed now, as close() would have, rather than left to run in a removed folder.
+            _kill(process)
         timed_out = False
         try:
             assert process.stdout is not None and process.stderr is not None

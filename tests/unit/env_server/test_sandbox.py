@@ -173,6 +173,24 @@ async def test_closing_during_a_command_kills_it_and_removes_the_folder(runtime)
         await sandbox.run("true")
 
 
+async def test_closing_while_bwrap_starts_kills_the_command(runtime, monkeypatch):
+    """close() between the process's spawn and its registration (the spawn is awaited): the
+    command must not go on running, in a folder that is gone."""
+    sandbox = await runtime.create({})
+    spawn = asyncio.create_subprocess_exec
+
+    async def spawn_then_close(*args, **kwargs):
+        process = await spawn(*args, **kwargs)
+        sandbox.close()
+        return process
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn_then_close)
+    result = await asyncio.wait_for(sandbox.run("sleep 34.8765"), 30)
+    # Killed by close(), not by the command's timeout (which a command left running would reach).
+    assert result.exit_code == 137 and not result.timed_out
+    assert await gone("34.8765")
+
+
 WORKER = """
 import asyncio, sys
 from rlrun.env_server.runtimes.local import LocalRuntime
