@@ -16,6 +16,8 @@ import pytest
 import yaml
 from kubecluster.provisioner import storage_class
 
+from rlrun.operator.kube import FIELD_MANAGER
+
 from .conftest import REPO
 from .runs import (
     KEPT,
@@ -255,8 +257,10 @@ async def test_gpu_pods_land_on_gpu_nodes_and_cpu_pods_elsewhere(
     # readyReplicas, which the controller-manager updates on its own after the pods turn Ready,
     # so the two are waited for together rather than one read after the other.
     await eventually(
-        lambda: (r := get_run(kube, namespace, name))
-        and {conditions(r).get("InferenceReady"), conditions(r).get("TrainerReady")} == {"True"},
+        lambda: (
+            (r := get_run(kube, namespace, name))
+            and {conditions(r).get("InferenceReady"), conditions(r).get("TrainerReady")} == {"True"}
+        ),
         timeout=30,
         message="InferenceReady and TrainerReady",
     )
@@ -327,6 +331,19 @@ async def test_why_a_pod_does_not_run_comes_from_the_scheduler_and_the_kubelet(
     )
 
 
+def operator_written(obj: dict) -> tuple:
+    """What the operator's writes leave on a workload: its spec's generation and the operator's
+    own managedFields entries. Not the resourceVersion: the controller-manager's status updates
+    (readyReplicas, observedGeneration) bump that on their own after the pods turn Ready."""
+    mine = [
+        (m["manager"], m["operation"], m.get("time"), json.dumps(m.get("fieldsV1"), sort_keys=True))
+        for m in obj["metadata"].get("managedFields", [])
+        if m["manager"].startswith(FIELD_MANAGER) and m.get("subresource") != "status"
+    ]
+    assert mine, obj["metadata"].get("managedFields")
+    return obj["metadata"]["generation"], sorted(mine)
+
+
 async def test_scaling_inference_restarts_no_other_pod(
     cluster, namespace, kube, run_operator, orchestrator_stub, eventually
 ):
@@ -335,7 +352,7 @@ async def test_scaling_inference_restarts_no_other_pod(
     before = await eventually(all_pods_ready(kube, namespace, 4), timeout=60, message="pods Ready")
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in before}
     versions = {
-        name: (await call(kube.get, api_version, kind, namespace, name))["metadata"]["resourceVersion"]
+        name: operator_written(await call(kube.get, api_version, kind, namespace, name))
         for api_version, kind, name in WORKLOADS
         if not name.endswith("-inference")
     }
@@ -352,9 +369,9 @@ async def test_scaling_inference_restarts_no_other_pod(
     }
     for api_version, kind, name in WORKLOADS:
         if name in versions:
-            assert (await call(kube.get, api_version, kind, namespace, name))["metadata"][
-                "resourceVersion"
-            ] == versions[name]
+            assert (
+                operator_written(await call(kube.get, api_version, kind, namespace, name)) == versions[name]
+            )
     config = (await call(kube.get, "v1", "ConfigMap", namespace, f"{NAME}-config"))["data"]["config.toml"]
     assert f"{NAME}-inference-1.{NAME}-inference.{namespace}.svc.cluster.local:50051" in config
     budget = await call(kube.get, "policy/v1", "PodDisruptionBudget", namespace, f"{NAME}-inference")
